@@ -1,0 +1,418 @@
+/*
+ * ring.c - ring schedules: allreduce as reduce-scatter then allgather,
+ * reduce_scatter, allgather, and pipelined chains for broadcast and reduce.
+ *
+ * Every rank sends only to its right neighbour (rank + 1) and receives only
+ * from its left one, so the k-th send on one side meets the k-th receive on
+ * the other as long as both emit rounds in the same order and, inside a
+ * round, chunks in the same order.  Both sides derive block and chunk sizes
+ * from the same desc, so they agree without talking; empty blocks or chunks
+ * emit nothing on either side.
+ *
+ * Steps are emitted round by round and, inside a round, chunk by chunk;
+ * chunk c of round k+1 depends only on chunk c of round k, so the engine can
+ * keep several chunks of several rounds in flight.  Dependencies cover every
+ * same-rank hazard (read after write, write after read), including those
+ * that only exist when sendbuf and recvbuf are the same memory, so an engine
+ * may run any step whose deps are complete.
+ */
+#include "algorithms/schedule.h"
+
+#include <stdlib.h>
+
+/* What one build works with; lives for one weft_ring_build call. */
+struct ring {
+    struct weft_schedule *s;
+    int rank, p;
+    int left, right;
+    size_t chunk; /* elements per step, >= 1 */
+};
+
+static int ring_mod(const struct ring *g, long long x)
+{
+    long long m = x % g->p;
+    return (int)(m < 0 ? m + g->p : m);
+}
+
+static size_t chunks_of(const struct ring *g, size_t n)
+{
+    return n / g->chunk + (n % g->chunk != 0);
+}
+
+/* Elements in chunk c of a region of n elements (0 past its end). */
+static size_t chunk_len(const struct ring *g, size_t n, size_t c)
+{
+    size_t start = c * g->chunk;
+    if (c >= chunks_of(g, n))
+        return 0;
+    return WEFT_MIN(g->chunk, n - start);
+}
+
+/* Appends one step; *idx (when not NULL) gets its index. */
+static weft_status_t emit(struct ring *g, int kind, int flags, int buf, int src_buf, int peer,
+                          size_t off, size_t src_off, size_t count, int32_t dep, int32_t *idx)
+{
+    struct weft_step st = {
+        .kind = (uint8_t)kind,
+        .flags = (uint8_t)flags,
+        .buf = (uint8_t)buf,
+        .src_buf = (uint8_t)src_buf,
+        .peer = peer,
+        .deps = { dep, -1, -1 },
+        .off = off,
+        .src_off = src_off,
+        .count = count,
+    };
+    int32_t i = weft_sched_add(g->s, &st);
+    if (i < 0)
+        return weft_error(NULL, WEFT_ERR_NO_MEMORY,
+                          "ring: cannot grow a schedule past %zu steps (chunk %zu elements)",
+                          g->s->nsteps, g->chunk);
+    if (idx)
+        *idx = i;
+    return WEFT_OK;
+}
+
+static weft_status_t emit_send(struct ring *g, int buf, size_t off, size_t count, int32_t dep,
+                               int32_t *idx)
+{
+    return emit(g, WEFT_STEP_SEND, 0, buf, buf, g->right, off, 0, count, dep, idx);
+}
+
+static weft_status_t emit_copy(struct ring *g, size_t dst_off, size_t src_off, size_t count)
+{
+    if (count == 0)
+        return WEFT_OK;
+    return emit(g, WEFT_STEP_COPY, 0, WEFT_BUF_RECV, WEFT_BUF_SEND, -1, dst_off, src_off, count, -1,
+                NULL);
+}
+
+/* Two per-chunk index arrays: the receive of chunk c in the previous round
+ * (what the next send of chunk c depends on) and in the current one. */
+struct chunk_marks {
+    int32_t *prev, *cur;
+};
+
+static weft_status_t marks_alloc(struct chunk_marks *m, size_t nchunks)
+{
+    size_t n = nchunks ? nchunks : 1;
+    m->prev = malloc(n * sizeof(int32_t));
+    m->cur = malloc(n * sizeof(int32_t));
+    if (!m->prev || !m->cur) {
+        free(m->prev);
+        free(m->cur);
+        m->prev = m->cur = NULL;
+        return weft_error(NULL, WEFT_ERR_NO_MEMORY, "ring: cannot allocate %zu chunk marks",
+                          nchunks);
+    }
+    return WEFT_OK;
+}
+
+static void marks_swap(struct chunk_marks *m)
+{
+    int32_t *t = m->prev;
+    m->prev = m->cur;
+    m->cur = t;
+}
+
+static void marks_free(struct chunk_marks *m)
+{
+    free(m->prev);
+    free(m->cur);
+}
+
+/* ---- allreduce ---------------------------------------------------------------
+ * N elements in p blocks; block b starts at b*(N/p) + min(b, N%p) and holds
+ * N/p elements, one more when b < N%p.
+ *
+ * Reduce-scatter, rounds k = 0..p-2: send block (rank-k) to the right (from
+ * sendbuf in round 0, later the partial sum in recvbuf), receive block
+ * (rank-k-1) from the left and reduce: recv[t] = send[t] op incoming.  The
+ * last round's reductions complete block (rank+1) and carry FINAL.
+ * Allgather, rounds k = 0..p-2: send block (rank+1-k) from recvbuf (the one
+ * completed or received just before), receive block (rank-k) into recvbuf.
+ * The allgather receive of round k overwrites the block the reduce-scatter
+ * sent in round k (and, in place, round 0's block is sendbuf's), so it
+ * depends on that send. */
+
+static size_t ar_block_off(const struct ring *g, size_t n, int b)
+{
+    size_t p = (size_t)g->p, ub = (size_t)b;
+    return ub * (n / p) + WEFT_MIN(ub, n % p);
+}
+
+static size_t ar_block_len(const struct ring *g, size_t n, int b)
+{
+    size_t p = (size_t)g->p;
+    return n / p + ((size_t)b < n % p);
+}
+
+static weft_status_t build_allreduce(struct ring *g, size_t n)
+{
+    if (g->p == 1)
+        return emit_copy(g, 0, 0, n);
+
+    size_t rounds = (size_t)g->p - 1;
+    size_t maxch = chunks_of(g, ar_block_len(g, n, 0)); /* block 0 is a largest one */
+    struct chunk_marks m;
+    WEFT_CHECK(marks_alloc(&m, maxch));
+    int32_t *rs_send = NULL;
+    weft_status_t st = WEFT_OK;
+    if (maxch > SIZE_MAX / sizeof(int32_t) / rounds ||
+        !(rs_send = malloc((maxch ? maxch : 1) * rounds * sizeof(int32_t)))) {
+        st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "ring: cannot allocate %zu x %zu send marks",
+                        rounds, maxch);
+        goto out;
+    }
+
+    for (size_t k = 0; k < rounds; k++) {
+        int sb = ring_mod(g, (long long)g->rank - (long long)k);
+        int tb = ring_mod(g, (long long)g->rank - (long long)k - 1);
+        size_t slen = ar_block_len(g, n, sb), soff = ar_block_off(g, n, sb);
+        size_t tlen = ar_block_len(g, n, tb), toff = ar_block_off(g, n, tb);
+        size_t nch = WEFT_MAX(chunks_of(g, slen), chunks_of(g, tlen));
+        int flags = k + 1 == rounds ? WEFT_STEP_FINAL : 0;
+        for (size_t c = 0; c < nch; c++) {
+            size_t sc = chunk_len(g, slen, c), tc = chunk_len(g, tlen, c);
+            size_t co = c * g->chunk;
+            if (sc) {
+                int buf = k == 0 ? WEFT_BUF_SEND : WEFT_BUF_RECV;
+                WEFT_CHECK_GOTO(emit_send(g, buf, soff + co, sc, k == 0 ? -1 : m.prev[c],
+                                          &rs_send[k * maxch + c]),
+                                st, out);
+            }
+            if (tc)
+                WEFT_CHECK_GOTO(emit(g, WEFT_STEP_RECV_REDUCE, flags, WEFT_BUF_RECV, WEFT_BUF_SEND,
+                                     g->left, toff + co, toff + co, tc, -1, &m.cur[c]),
+                                st, out);
+        }
+        marks_swap(&m);
+    }
+
+    for (size_t k = 0; k < rounds; k++) {
+        int sb = ring_mod(g, (long long)g->rank + 1 - (long long)k);
+        int tb = ring_mod(g, (long long)g->rank - (long long)k);
+        size_t slen = ar_block_len(g, n, sb), soff = ar_block_off(g, n, sb);
+        size_t tlen = ar_block_len(g, n, tb), toff = ar_block_off(g, n, tb);
+        size_t nch = WEFT_MAX(chunks_of(g, slen), chunks_of(g, tlen));
+        for (size_t c = 0; c < nch; c++) {
+            size_t sc = chunk_len(g, slen, c), tc = chunk_len(g, tlen, c);
+            size_t co = c * g->chunk;
+            if (sc)
+                WEFT_CHECK_GOTO(emit_send(g, WEFT_BUF_RECV, soff + co, sc, m.prev[c], NULL), st,
+                                out);
+            if (tc)
+                WEFT_CHECK_GOTO(emit(g, WEFT_STEP_RECV, 0, WEFT_BUF_RECV, WEFT_BUF_RECV, g->left,
+                                     toff + co, 0, tc, rs_send[k * maxch + c], &m.cur[c]),
+                                st, out);
+        }
+        marks_swap(&m);
+    }
+out:
+    free(rs_send);
+    marks_free(&m);
+    return st;
+}
+
+/* ---- reduce_scatter ------------------------------------------------------------
+ * Input p*R, block b = [b*R, (b+1)*R).  Rounds k = 0..p-2: send block
+ * (rank-k-1) (round 0 from sendbuf, later the partial sum in scratch),
+ * receive block (rank-k-2) and reduce it into scratch[block], except in the
+ * last round: that block is the rank's own, reduced straight into recvbuf
+ * with FINAL.  Scratch is indexed like sendbuf (p*R elements). */
+static weft_status_t build_reduce_scatter(struct ring *g, size_t r)
+{
+    if (g->p == 1)
+        return emit_copy(g, 0, 0, r);
+
+    size_t rounds = (size_t)g->p - 1;
+    size_t nch = chunks_of(g, r);
+    struct chunk_marks m;
+    WEFT_CHECK(marks_alloc(&m, nch));
+    weft_status_t st = WEFT_OK;
+    g->s->scratch_count = r * (size_t)g->p; /* the caller checked the product */
+
+    for (size_t k = 0; k < rounds; k++) {
+        size_t sb = (size_t)ring_mod(g, (long long)g->rank - (long long)k - 1);
+        size_t tb = (size_t)ring_mod(g, (long long)g->rank - (long long)k - 2);
+        bool last = k + 1 == rounds;
+        for (size_t c = 0; c < nch; c++) {
+            size_t len = chunk_len(g, r, c), co = c * g->chunk;
+            int sbuf = k == 0 ? WEFT_BUF_SEND : WEFT_BUF_SCRATCH;
+            WEFT_CHECK_GOTO(emit_send(g, sbuf, sb * r + co, len, k == 0 ? -1 : m.prev[c], NULL),
+                            st, out);
+            WEFT_CHECK_GOTO(emit(g, WEFT_STEP_RECV_REDUCE, last ? WEFT_STEP_FINAL : 0,
+                                 last ? WEFT_BUF_RECV : WEFT_BUF_SCRATCH, WEFT_BUF_SEND, g->left,
+                                 last ? co : tb * r + co, tb * r + co, len, -1, &m.cur[c]),
+                            st, out);
+        }
+        marks_swap(&m);
+    }
+out:
+    marks_free(&m);
+    return st;
+}
+
+/* ---- allgather -------------------------------------------------------------------
+ * Output p*S.  Rounds k = 0..p-2: send block (rank-k) (round 0 straight from
+ * sendbuf, later the block received the round before), receive block
+ * (rank-k-1) into recvbuf.  The local copy into recv[rank] comes last so
+ * that the engine can start the network first; in place it is skipped. */
+static weft_status_t build_allgather(struct ring *g, size_t sc)
+{
+    size_t rounds = (size_t)g->p - 1;
+    size_t nch = chunks_of(g, sc);
+    struct chunk_marks m;
+    WEFT_CHECK(marks_alloc(&m, nch));
+    weft_status_t st = WEFT_OK;
+
+    for (size_t k = 0; k < rounds; k++) {
+        size_t sb = (size_t)ring_mod(g, (long long)g->rank - (long long)k);
+        size_t tb = (size_t)ring_mod(g, (long long)g->rank - (long long)k - 1);
+        for (size_t c = 0; c < nch; c++) {
+            size_t len = chunk_len(g, sc, c), co = c * g->chunk;
+            if (k == 0)
+                WEFT_CHECK_GOTO(emit_send(g, WEFT_BUF_SEND, co, len, -1, NULL), st, out);
+            else
+                WEFT_CHECK_GOTO(emit_send(g, WEFT_BUF_RECV, sb * sc + co, len, m.prev[c], NULL),
+                                st, out);
+            WEFT_CHECK_GOTO(emit(g, WEFT_STEP_RECV, 0, WEFT_BUF_RECV, WEFT_BUF_RECV, g->left,
+                                 tb * sc + co, 0, len, -1, &m.cur[c]),
+                            st, out);
+        }
+        marks_swap(&m);
+    }
+    WEFT_CHECK_GOTO(emit_copy(g, (size_t)g->rank * sc, 0, sc), st, out);
+out:
+    marks_free(&m);
+    return st;
+}
+
+/* ---- broadcast -------------------------------------------------------------------
+ * A chain root -> root+1 -> ... -> root-1, chunk by chunk: the root sends
+ * from sendbuf (then copies it into its recvbuf), middle ranks receive a
+ * chunk and pass it on, the last rank only receives. */
+static weft_status_t build_broadcast(struct ring *g, size_t n, int root)
+{
+    int dist = ring_mod(g, (long long)g->rank - root);
+    size_t nch = chunks_of(g, n);
+    for (size_t c = 0; c < nch && g->p > 1; c++) {
+        size_t len = chunk_len(g, n, c), co = c * g->chunk;
+        int32_t got = -1;
+        if (dist == 0) {
+            WEFT_CHECK(emit_send(g, WEFT_BUF_SEND, co, len, -1, NULL));
+            continue;
+        }
+        WEFT_CHECK(emit(g, WEFT_STEP_RECV, 0, WEFT_BUF_RECV, WEFT_BUF_RECV, g->left, co, 0, len, -1,
+                        &got));
+        if (dist < g->p - 1)
+            WEFT_CHECK(emit_send(g, WEFT_BUF_RECV, co, len, got, NULL));
+    }
+    if (dist == 0)
+        WEFT_CHECK(emit_copy(g, 0, 0, n));
+    return WEFT_OK;
+}
+
+/* ---- reduce ------------------------------------------------------------------------
+ * A chain root+1 -> root+2 -> ... -> root, chunk by chunk: the first rank
+ * sends its input, middle ranks reduce what arrives with their input into
+ * scratch and pass it on, the root reduces into recvbuf with FINAL.
+ * recvbuf is touched on the root only. */
+static weft_status_t build_reduce(struct ring *g, size_t n, int root)
+{
+    if (g->p == 1)
+        return emit_copy(g, 0, 0, n);
+
+    int dist = ring_mod(g, (long long)g->rank - root - 1); /* 0: first, p-1: root */
+    bool middle = dist > 0 && dist < g->p - 1;
+    size_t nch = chunks_of(g, n);
+    if (middle)
+        g->s->scratch_count = n;
+    for (size_t c = 0; c < nch; c++) {
+        size_t len = chunk_len(g, n, c), co = c * g->chunk;
+        int32_t got = -1;
+        if (dist == 0) {
+            WEFT_CHECK(emit_send(g, WEFT_BUF_SEND, co, len, -1, NULL));
+        } else if (middle) {
+            WEFT_CHECK(emit(g, WEFT_STEP_RECV_REDUCE, 0, WEFT_BUF_SCRATCH, WEFT_BUF_SEND, g->left,
+                            co, co, len, -1, &got));
+            WEFT_CHECK(emit_send(g, WEFT_BUF_SCRATCH, co, len, got, NULL));
+        } else {
+            WEFT_CHECK(emit(g, WEFT_STEP_RECV_REDUCE, WEFT_STEP_FINAL, WEFT_BUF_RECV, WEFT_BUF_SEND,
+                            g->left, co, co, len, -1, NULL));
+        }
+    }
+    return WEFT_OK;
+}
+
+static weft_status_t ring_check(const struct weft_coll_desc *d, const struct weft_schedule *s)
+{
+    if (!d || !s)
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "ring: %s is NULL",
+                          !d ? "the collective description" : "the schedule");
+    const char *name = weft_coll_name(d->coll);
+    if (d->coll < 0 || d->coll >= WEFT_COLL_COUNT)
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "ring: unknown collective %d", d->coll);
+    if (d->coll == WEFT_COLL_SEND || d->coll == WEFT_COLL_RECV)
+        return weft_error(NULL, WEFT_ERR_UNSUPPORTED,
+                          "ring: %s is point to point, not a ring collective", name);
+    if (d->nranks < 1)
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "ring %s: nranks %d is below 1", name,
+                          d->nranks);
+    if (d->rank < 0 || d->rank >= d->nranks)
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "ring %s: rank %d is outside [0, %d)", name,
+                          d->rank, d->nranks);
+    if ((d->coll == WEFT_COLL_BROADCAST || d->coll == WEFT_COLL_REDUCE) &&
+        (d->root < 0 || d->root >= d->nranks))
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "ring %s: root %d is outside [0, %d)", name,
+                          d->root, d->nranks);
+    if (d->chunk < 1)
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "ring %s: chunk is 0 elements", name);
+    if ((d->coll == WEFT_COLL_REDUCE_SCATTER || d->coll == WEFT_COLL_ALLGATHER) &&
+        d->count > SIZE_MAX / (size_t)d->nranks)
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG,
+                          "ring %s: count %zu times %d ranks overflows size_t", name, d->count,
+                          d->nranks);
+    return WEFT_OK;
+}
+
+weft_status_t weft_ring_build(const struct weft_coll_desc *d, struct weft_schedule *s)
+{
+    WEFT_CHECK(ring_check(d, s));
+    /* The schedule is rebuilt from empty; its storage is reused. */
+    s->nsteps = 0;
+    s->scratch_count = 0;
+
+    struct ring g = {
+        .s = s,
+        .rank = d->rank,
+        .p = d->nranks,
+        .chunk = d->chunk,
+    };
+    g.left = ring_mod(&g, (long long)d->rank - 1);
+    g.right = ring_mod(&g, (long long)d->rank + 1);
+
+    weft_status_t st;
+    switch (d->coll) {
+    case WEFT_COLL_ALLREDUCE:
+        st = build_allreduce(&g, d->count);
+        break;
+    case WEFT_COLL_REDUCE_SCATTER:
+        st = build_reduce_scatter(&g, d->count);
+        break;
+    case WEFT_COLL_ALLGATHER:
+        st = build_allgather(&g, d->count);
+        break;
+    case WEFT_COLL_BROADCAST:
+        st = build_broadcast(&g, d->count, d->root);
+        break;
+    default: /* WEFT_COLL_REDUCE; ring_check let nothing else through */
+        st = build_reduce(&g, d->count, d->root);
+        break;
+    }
+    if (st < 0) {
+        s->nsteps = 0;
+        s->scratch_count = 0;
+    }
+    return st;
+}

@@ -1,0 +1,98 @@
+/*
+ * schedule.c - the schedule container every algorithm fills, and the
+ * per-collective facts (names, buffer sizes) shared by the builders, the
+ * engine and the checker.
+ */
+#include "algorithms/schedule.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void weft_sched_init(struct weft_schedule *s)
+{
+    memset(s, 0, sizeof(*s));
+}
+
+void weft_sched_free(struct weft_schedule *s)
+{
+    if (!s)
+        return;
+    free(s->steps);
+    memset(s, 0, sizeof(*s));
+}
+
+int32_t weft_sched_add(struct weft_schedule *s, const struct weft_step *st)
+{
+    /* Steps are named by int32 indices in deps[], so that is the limit. */
+    if (s->nsteps >= (size_t)INT32_MAX)
+        return -1;
+    if (s->nsteps == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 16;
+        if (cap > (size_t)INT32_MAX)
+            cap = (size_t)INT32_MAX;
+        struct weft_step *steps = realloc(s->steps, cap * sizeof(*steps));
+        if (!steps)
+            return -1;
+        s->steps = steps;
+        s->cap = cap;
+    }
+    s->steps[s->nsteps] = *st;
+    return (int32_t)s->nsteps++;
+}
+
+const char *weft_coll_name(int coll)
+{
+    static const char *const names[WEFT_COLL_COUNT] = {
+        [WEFT_COLL_ALLREDUCE] = "allreduce", [WEFT_COLL_REDUCE_SCATTER] = "reduce_scatter",
+        [WEFT_COLL_ALLGATHER] = "allgather", [WEFT_COLL_BROADCAST] = "broadcast",
+        [WEFT_COLL_REDUCE] = "reduce",       [WEFT_COLL_SEND] = "send",
+        [WEFT_COLL_RECV] = "recv",
+    };
+    if (coll < 0 || coll >= WEFT_COLL_COUNT)
+        return "unknown";
+    return names[coll];
+}
+
+/* nranks * count, saturated at SIZE_MAX so that an impossible size stays
+ * impossible instead of wrapping to a small one (callers reject it). */
+static size_t times_ranks(const struct weft_coll_desc *d)
+{
+    if (d->nranks <= 0)
+        return 0;
+    size_t p = (size_t)d->nranks;
+    if (d->count > SIZE_MAX / p)
+        return SIZE_MAX;
+    return d->count * p;
+}
+
+size_t weft_coll_send_count(const struct weft_coll_desc *d)
+{
+    switch (d->coll) {
+    case WEFT_COLL_ALLREDUCE:
+    case WEFT_COLL_ALLGATHER:
+    case WEFT_COLL_BROADCAST:
+    case WEFT_COLL_REDUCE:
+    case WEFT_COLL_SEND:
+        return d->count;
+    case WEFT_COLL_REDUCE_SCATTER:
+        return times_ranks(d);
+    default:
+        return 0;
+    }
+}
+
+size_t weft_coll_recv_count(const struct weft_coll_desc *d)
+{
+    switch (d->coll) {
+    case WEFT_COLL_ALLREDUCE:
+    case WEFT_COLL_REDUCE_SCATTER:
+    case WEFT_COLL_BROADCAST:
+    case WEFT_COLL_REDUCE:
+    case WEFT_COLL_RECV:
+        return d->count;
+    case WEFT_COLL_ALLGATHER:
+        return times_ranks(d);
+    default:
+        return 0;
+    }
+}

@@ -1,0 +1,85 @@
+/*
+ * schedule.h - the one format algorithms emit: per rank, an ordered list of
+ * steps over element ranges of three buffers, with dependencies.
+ *
+ * The engine executes it, the tests run it symbolically; algorithms never
+ * see a transport.  Matching rule: the k-th SEND a rank's schedule has for
+ * peer P meets the k-th RECV or RECV_REDUCE in P's schedule for that rank.
+ * Steps with count 0 are never emitted.
+ */
+#ifndef WEFT_SCHEDULE_H
+#define WEFT_SCHEDULE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/internal.h"
+
+enum weft_coll {
+    WEFT_COLL_ALLREDUCE = 0,
+    WEFT_COLL_REDUCE_SCATTER,
+    WEFT_COLL_ALLGATHER,
+    WEFT_COLL_BROADCAST,
+    WEFT_COLL_REDUCE,
+    WEFT_COLL_SEND,
+    WEFT_COLL_RECV,
+    WEFT_COLL_COUNT
+};
+const char *weft_coll_name(int coll) WEFT_HIDDEN;
+
+enum weft_step_kind {
+    WEFT_STEP_SEND = 0,    /* send buf[off, off+count) to peer */
+    WEFT_STEP_RECV,        /* receive from peer into buf[off, ...) */
+    WEFT_STEP_RECV_REDUCE, /* receive from peer t; buf[off..] = src_buf[src_off..] op t */
+    WEFT_STEP_COPY         /* buf[off..] = src_buf[src_off..] (skipped when same memory) */
+};
+
+enum weft_buf_id { WEFT_BUF_SEND = 0, WEFT_BUF_RECV = 1, WEFT_BUF_SCRATCH = 2 };
+
+#define WEFT_STEP_FINAL 0x1 /* RECV_REDUCE producing a final value: AVG divides here */
+#define WEFT_STEP_MAX_DEPS 3
+
+struct weft_step {
+    uint8_t kind;  /* enum weft_step_kind */
+    uint8_t flags; /* WEFT_STEP_* */
+    uint8_t buf;   /* SEND: source; RECV, RECV_REDUCE, COPY: destination */
+    uint8_t src_buf; /* RECV_REDUCE: local operand; COPY: source */
+    int32_t peer;    /* -1 for COPY */
+    int32_t deps[WEFT_STEP_MAX_DEPS]; /* earlier steps that must be complete; -1 pads */
+    size_t off;     /* elements into buf */
+    size_t src_off; /* elements into src_buf */
+    size_t count;   /* elements */
+};
+
+/* Invariant: deps[i] < index of the step itself. */
+struct weft_schedule {
+    struct weft_step *steps;
+    size_t nsteps, cap;
+    size_t scratch_count; /* elements of WEFT_BUF_SCRATCH the schedule uses */
+};
+
+/* What a schedule is built for.  count means: allreduce, broadcast, reduce:
+ * elements per rank; reduce_scatter: recvcount; allgather: sendcount. */
+struct weft_coll_desc {
+    int coll;         /* enum weft_coll */
+    int rank, nranks;
+    int root;         /* broadcast/reduce */
+    size_t count;
+    size_t chunk;     /* most elements one step may carry (>= 1) */
+};
+
+void weft_sched_init(struct weft_schedule *s) WEFT_HIDDEN;
+void weft_sched_free(struct weft_schedule *s) WEFT_HIDDEN;
+/* Appends a step; returns its index, or -1 when out of memory. */
+int32_t weft_sched_add(struct weft_schedule *s, const struct weft_step *st) WEFT_HIDDEN;
+
+/* Elements of sendbuf / recvbuf a collective reads or writes on this rank. */
+size_t weft_coll_send_count(const struct weft_coll_desc *d) WEFT_HIDDEN;
+size_t weft_coll_recv_count(const struct weft_coll_desc *d) WEFT_HIDDEN;
+
+/* Ring algorithm (algorithms/ring.c): allreduce as reduce-scatter then
+ * allgather, reduce_scatter, allgather, and pipelined chains for broadcast
+ * and reduce.  Any nranks >= 1 and any count, 0 included. */
+weft_status_t weft_ring_build(const struct weft_coll_desc *d, struct weft_schedule *s) WEFT_HIDDEN;
+
+#endif /* WEFT_SCHEDULE_H */

@@ -1,0 +1,1005 @@
+/*
+ * common.c - the driver shared by all_reduce_perf & co.: flags, buffers, the
+ * timing loop, the exact check of every result, the nccl-tests table on
+ * rank 0 and the optional JSON file.  Uses the public weft.h API only.
+ */
+#include "common.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Every input is periodic in the element index with this period, so a table
+ * of PERF_PERIOD values describes a whole buffer.  A prime, so that no
+ * power-of-two shift of a chunk lands on an identical pattern. */
+#define PERF_PERIOD 251u
+#define PERF_MAX_ELEM 8
+#define PERF_TAB_BYTES (2 * PERF_PERIOD * PERF_MAX_ELEM)
+#define PERF_HUGE (2u << 20)
+
+static const char *const dtype_names[WEFT_NUM_DTYPES] = {
+    "int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16"};
+static const char *const op_names[WEFT_NUM_OPS] = {"sum", "prod", "max", "min", "avg"};
+
+/* -d accepts these aliases besides the printed names. */
+static const struct {
+    const char *name;
+    weft_dtype_t dtype;
+} dtype_aliases[] = {
+    {"float16", WEFT_FLOAT16}, {"float32", WEFT_FLOAT32}, {"float64", WEFT_FLOAT64},
+    {"bf16", WEFT_BFLOAT16},   {"fp16", WEFT_FLOAT16},    {"fp32", WEFT_FLOAT32},
+    {"fp64", WEFT_FLOAT64},
+};
+
+static int dtype_is_unsigned(weft_dtype_t t)
+{
+    return t == WEFT_UINT8 || t == WEFT_UINT32 || t == WEFT_UINT64;
+}
+
+static int dtype_is_float(weft_dtype_t t)
+{
+    return t == WEFT_FLOAT16 || t == WEFT_FLOAT32 || t == WEFT_FLOAT64 || t == WEFT_BFLOAT16;
+}
+
+/* The largest B such that every integer of magnitude <= B is representable
+ * exactly in t (and in the double that computes the expected values). */
+static double dtype_exact_bound(weft_dtype_t t)
+{
+    switch (t) {
+    case WEFT_INT8: return 127.0;
+    case WEFT_UINT8: return 255.0;
+    case WEFT_INT32: return 2147483647.0;
+    case WEFT_UINT32: return 4294967295.0;
+    case WEFT_FLOAT16: return 2048.0;
+    case WEFT_FLOAT32: return 16777216.0;
+    case WEFT_BFLOAT16: return 256.0;
+    default: return 9007199254740992.0; /* 2^53: int64, uint64, double */
+    }
+}
+
+/* Round-to-nearest-even conversions; only integers pass through them here,
+ * but they are correct for every float. */
+static uint16_t half_from_float(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof(x));
+    uint32_t sign = (x >> 16) & 0x8000u, exp = (x >> 23) & 0xffu, man = x & 0x7fffffu;
+    if (exp == 0xff)
+        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0u));
+    int e = (int)exp - 127 + 15;
+    if (e >= 31)
+        return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) {
+        if (e < -10)
+            return (uint16_t)sign;
+        man |= 0x800000u;
+        unsigned shift = (unsigned)(14 - e);
+        uint32_t h = man >> shift, rem = man & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (h & 1u)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+        h++; /* a carry into the exponent is the right answer, up to inf */
+    return (uint16_t)(sign | h);
+}
+
+static float half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint32_t x;
+    float f;
+    if (exp == 0x1f) {
+        x = sign | 0x7f800000u | (man << 13);
+    } else if (exp == 0) {
+        f = (float)man * 0x1p-24f;
+        memcpy(&x, &f, sizeof(x));
+        x |= sign;
+    } else {
+        x = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    memcpy(&f, &x, sizeof(f));
+    return f;
+}
+
+static uint16_t bf16_from_float(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof(x));
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u); /* keep a NaN a NaN */
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+static float bf16_to_float(uint16_t h)
+{
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, sizeof(f));
+    return f;
+}
+
+static void value_store(weft_dtype_t t, void *dst, double v)
+{
+    switch (t) {
+    case WEFT_INT8: { int8_t x = (int8_t)v; memcpy(dst, &x, 1); break; }
+    case WEFT_UINT8: { uint8_t x = (uint8_t)v; memcpy(dst, &x, 1); break; }
+    case WEFT_INT32: { int32_t x = (int32_t)v; memcpy(dst, &x, 4); break; }
+    case WEFT_UINT32: { uint32_t x = (uint32_t)v; memcpy(dst, &x, 4); break; }
+    case WEFT_INT64: { int64_t x = (int64_t)v; memcpy(dst, &x, 8); break; }
+    case WEFT_UINT64: { uint64_t x = (uint64_t)v; memcpy(dst, &x, 8); break; }
+    case WEFT_FLOAT16: { uint16_t x = half_from_float((float)v); memcpy(dst, &x, 2); break; }
+    case WEFT_FLOAT32: { float x = (float)v; memcpy(dst, &x, 4); break; }
+    case WEFT_FLOAT64: memcpy(dst, &v, 8); break;
+    case WEFT_BFLOAT16: { uint16_t x = bf16_from_float((float)v); memcpy(dst, &x, 2); break; }
+    default: break;
+    }
+}
+
+/* For messages only: 64-bit integers beyond 2^53 print rounded. */
+static double value_load(weft_dtype_t t, const void *src)
+{
+    union { int8_t i8; uint8_t u8; int32_t i32; uint32_t u32; int64_t i64; uint64_t u64;
+            uint16_t h; float f; double d; } u;
+    memcpy(&u, src, weft_dtype_size(t));
+    switch (t) {
+    case WEFT_INT8: return u.i8;
+    case WEFT_UINT8: return u.u8;
+    case WEFT_INT32: return u.i32;
+    case WEFT_UINT32: return u.u32;
+    case WEFT_INT64: return (double)u.i64;
+    case WEFT_UINT64: return (double)u.u64;
+    case WEFT_FLOAT16: return half_to_float(u.h);
+    case WEFT_FLOAT32: return u.f;
+    case WEFT_FLOAT64: return u.d;
+    case WEFT_BFLOAT16: return bf16_to_float(u.h);
+    default: return 0.0;
+    }
+}
+
+/*
+ * The inputs.  Rank r's element i holds pattern_value(p, r, i % PERF_PERIOD);
+ * every value is a small integer, chosen per op so that every partial result
+ * of any reduction order is exactly representable in the dtype.  With
+ * k = (key + r) % PERIOD:
+ *   RAW  (no reduction, MIN, MAX): k - 125 (k for unsigned types)
+ *   SUM  (and integer AVG): 0 unless d divides k; else x = k / d and
+ *        x % (2a+1) - a  (x % (a+1) unsigned); so |sum of any subset| <= bound
+ *   PROD: 2 where m divides k, else -1 where k % 3 == 1 (signed), else 1
+ *   FAVG (float AVG): w + e with w = key % (2a+1) - a shared by all ranks and
+ *        e = +-s for the two ranks of a pair (2j, 2j+1), s in {-1,0,1} from
+ *        kp = (key + j) % PERIOD (0 unless d divides kp), 0 for an odd last
+ *        rank; so the sum is exactly n*w and the average exactly w.
+ * a, d and m are picked by pattern_fit from the rank count and the dtype.
+ */
+typedef enum { GEN_RAW, GEN_SUM, GEN_PROD, GEN_FAVG } gen_kind_t;
+
+/* One (dtype, op) configuration of the inputs; a value, set by pattern_fit. */
+typedef struct {
+    gen_kind_t kind;
+    weft_dtype_t dtype;
+    weft_op_t op;
+    int reduces;   /* the collective reduces; op applies */
+    int is_signed; /* negative values allowed */
+    int nranks;
+    unsigned a, d, m;
+} perf_pattern_t;
+
+static double pattern_value(const perf_pattern_t *p, int r, unsigned key)
+{
+    unsigned k = (key + (unsigned)r % PERF_PERIOD) % PERF_PERIOD;
+    switch (p->kind) {
+    case GEN_RAW:
+        return p->is_signed ? (double)k - 125.0 : (double)k;
+    case GEN_SUM: {
+        if (k % p->d)
+            return 0.0;
+        unsigned x = k / p->d;
+        if (p->is_signed)
+            return (double)(x % (2 * p->a + 1)) - (double)p->a;
+        return (double)(x % (p->a + 1));
+    }
+    case GEN_PROD:
+        if (k % p->m == 0)
+            return 2.0;
+        return (p->is_signed && k % 3 == 1) ? -1.0 : 1.0;
+    case GEN_FAVG: {
+        double w = (double)(key % (2 * p->a + 1)) - (double)p->a;
+        if ((r ^ 1) >= p->nranks)
+            return w;
+        unsigned kp = (key + (unsigned)(r / 2) % PERF_PERIOD) % PERF_PERIOD;
+        if (kp % p->d)
+            return w;
+        double s = (double)((kp / p->d) % 3) - 1.0;
+        return w + ((r & 1) ? -s : s);
+    }
+    }
+    return 0.0;
+}
+
+/* True when no partial result of any reduction order can leave the range
+ * where the dtype holds integers exactly. */
+static int pattern_exact(const perf_pattern_t *p)
+{
+    double bound = dtype_exact_bound(p->dtype);
+    int max_twos = 0;
+    while (max_twos < 62 && (double)(UINT64_C(1) << (max_twos + 1)) <= bound)
+        max_twos++;
+    for (unsigned key = 0; key < PERF_PERIOD; key++) {
+        double abs_sum = 0.0;
+        int twos = 0;
+        for (int r = 0; r < p->nranks; r++) {
+            double v = pattern_value(p, r, key);
+            abs_sum += v < 0 ? -v : v;
+            twos += v == 2.0;
+        }
+        if (p->kind == GEN_PROD ? twos > max_twos : abs_sum > bound)
+            return 0;
+    }
+    return 1;
+}
+
+/* Picks the densest inputs that stay exact; 0 when none do (tens of
+ * thousands of ranks on an 8-bit type), and the check is then skipped. */
+static int pattern_fit(perf_pattern_t *p, weft_dtype_t dtype, weft_op_t op, int reduces,
+                       int nranks)
+{
+    memset(p, 0, sizeof(*p));
+    p->dtype = dtype;
+    p->op = op;
+    p->reduces = reduces;
+    p->is_signed = !dtype_is_unsigned(dtype);
+    p->nranks = nranks;
+    p->a = p->d = p->m = 1;
+    if (!reduces || op == WEFT_MAX || op == WEFT_MIN) {
+        p->kind = GEN_RAW;
+        return 1;
+    }
+    if (op == WEFT_PROD) {
+        p->kind = GEN_PROD;
+        for (p->m = 2; p->m <= 256; p->m *= 2)
+            if (pattern_exact(p))
+                return 1;
+        return 0;
+    }
+    p->kind = (op == WEFT_AVG && dtype_is_float(dtype)) ? GEN_FAVG : GEN_SUM;
+    unsigned amin = p->kind == GEN_FAVG ? 0 : 1;
+    for (p->d = 1; p->d <= 256; p->d *= 2)
+        for (p->a = 3; p->a + 1 > amin; p->a--)
+            if (pattern_exact(p))
+                return 1;
+    return 0;
+}
+
+/* The exact result of the reduction at element index i (key = i % PERIOD). */
+static double pattern_reduced(const perf_pattern_t *p, unsigned key)
+{
+    double acc = pattern_value(p, 0, key);
+    for (int r = 1; r < p->nranks; r++) {
+        double v = pattern_value(p, r, key);
+        switch (p->op) {
+        case WEFT_PROD: acc *= v; break;
+        case WEFT_MAX: acc = v > acc ? v : acc; break;
+        case WEFT_MIN: acc = v < acc ? v : acc; break;
+        default: acc += v; break;
+        }
+    }
+    if (p->op == WEFT_AVG)
+        acc = dtype_is_float(p->dtype) ? acc / p->nranks
+                                       : (double)((int64_t)acc / (int64_t)p->nranks);
+    return acc;
+}
+
+/* A table holds 2*PERIOD encoded elements (the period twice), so that the
+ * PERIOD elements from any phase are contiguous. */
+static void table_of_rank(const perf_pattern_t *p, int r, unsigned char *tab)
+{
+    size_t ts = weft_dtype_size(p->dtype);
+    for (unsigned i = 0; i < 2 * PERF_PERIOD; i++)
+        value_store(p->dtype, tab + i * ts, pattern_value(p, r, i % PERF_PERIOD));
+}
+
+static void table_of_reduction(const perf_pattern_t *p, unsigned char *tab)
+{
+    size_t ts = weft_dtype_size(p->dtype);
+    for (unsigned i = 0; i < PERF_PERIOD; i++)
+        value_store(p->dtype, tab + i * ts, pattern_reduced(p, i));
+    memcpy(tab + PERF_PERIOD * ts, tab, PERF_PERIOD * ts);
+}
+
+static void table_of_constant(weft_dtype_t t, double v, unsigned char *tab)
+{
+    size_t ts = weft_dtype_size(t);
+    for (unsigned i = 0; i < 2 * PERF_PERIOD; i++)
+        value_store(t, tab + i * ts, v);
+}
+
+/* Flipping one bit of every expected element gives a filler that can never
+ * pass the check, so an element the collective forgot to write counts. */
+static void table_poison(const unsigned char *tab, size_t ts, unsigned char *out)
+{
+    memcpy(out, tab, 2 * PERF_PERIOD * ts);
+    for (unsigned i = 0; i < 2 * PERF_PERIOD; i++)
+        out[i * ts] ^= 1u;
+}
+
+static void buffer_fill(void *buf, size_t count, size_t ts, const unsigned char *tab, size_t phase)
+{
+    unsigned char *dst = buf;
+    for (size_t done = 0; done < count; done += PERF_PERIOD) {
+        size_t len = count - done < PERF_PERIOD ? count - done : PERF_PERIOD;
+        memcpy(dst + done * ts, tab + phase * ts, len * ts);
+    }
+}
+
+/* Counts the elements that differ bitwise from the table; remembers the
+ * first one in *first (left alone when all match). */
+static int64_t buffer_wrong(const void *buf, size_t count, size_t ts, const unsigned char *tab,
+                            size_t phase, size_t *first)
+{
+    const unsigned char *src = buf;
+    int64_t wrong = 0;
+    for (size_t done = 0; done < count; done += PERF_PERIOD) {
+        size_t len = count - done < PERF_PERIOD ? count - done : PERF_PERIOD;
+        const unsigned char *want = tab + phase * ts, *got = src + done * ts;
+        if (memcmp(got, want, len * ts) == 0)
+            continue;
+        for (size_t i = 0; i < len; i++) {
+            if (memcmp(got + i * ts, want + i * ts, ts) != 0) {
+                if (wrong == 0)
+                    *first = done + i;
+                wrong++;
+            }
+        }
+    }
+    return wrong;
+}
+
+/* The command line, parsed once; a value. */
+typedef struct {
+    size_t minbytes, maxbytes, stepbytes;
+    long stepfactor;
+    int iters, warmup, check, blocking;
+    int dtype_all, op_all, root_all;
+    weft_dtype_t dtype;
+    weft_op_t op;
+    int root;
+    const char *algo;      /* -a, or NULL */
+    const char *json_path; /* -J, or NULL */
+} perf_opts_t;
+
+/* One rank's line of the header, gathered to every rank. */
+typedef struct {
+    int32_t rank;
+    int32_t pid;
+    char host[64];
+} perf_rank_rec_t;
+
+/* The state of one benchmark run; lives in perf_main's frame.  The buffers
+ * are allocated once at the largest size and reused for every row. */
+typedef struct {
+    const perf_coll_t *coll;
+    perf_opts_t opt;
+    weft_comm_t comm;
+    int rank, nranks;
+    unsigned char *sendbuf, *recvbuf; /* bufbytes each, touched once */
+    size_t bufbytes;
+    double sync[1];
+    FILE *json;      /* rank 0 with -J only */
+    int json_rows;   /* rows written so far, for the commas */
+    double bw_sum;   /* busbw of every timed placement, for the average */
+    long bw_count;
+    int64_t wrong_total;
+    perf_pattern_t pat;
+    int check_ok;    /* pat is exact: the check of this case runs */
+    unsigned char tab_in[PERF_TAB_BYTES], tab_want[PERF_TAB_BYTES], tab_tmp[PERF_TAB_BYTES];
+} perf_ctx_t;
+
+static weft_status_t perf_fail(perf_ctx_t *ctx, const char *what, weft_status_t st)
+{
+    fprintf(stderr, "# rank %d: %s failed: %s: %s\n", ctx->rank, what, weft_status_string(st),
+            weft_last_error(ctx->comm));
+    return st;
+}
+
+#define PERF_CHECK(ctx, what, call)                                                           \
+    do {                                                                                      \
+        weft_status_t st_ = (call);                                                           \
+        if (st_ != WEFT_OK)                                                                   \
+            return perf_fail((ctx), (what), st_);                                             \
+    } while (0)
+
+static int parse_size(const char *s, size_t *out)
+{
+    char *end;
+    if (*s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10), mult = 1;
+    if (errno)
+        return -1;
+    switch (*end) {
+    case 'k': case 'K': mult = 1ull << 10; end++; break;
+    case 'm': case 'M': mult = 1ull << 20; end++; break;
+    case 'g': case 'G': mult = 1ull << 30; end++; break;
+    default: break;
+    }
+    if (*end != '\0' || v > SIZE_MAX / mult)
+        return -1;
+    *out = (size_t)(v * mult);
+    return 0;
+}
+
+static int parse_int(const char *s, long min, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end != '\0' || v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static void perf_usage(const perf_coll_t *coll, FILE *f)
+{
+    fprintf(f,
+            "usage: %s_perf [options]   (one process per rank: weftrun -n N, mpirun, srun)\n"
+            "  -b, --minbytes SIZE      smallest size (default 32M; K/M/G suffixes)\n"
+            "  -e, --maxbytes SIZE      largest size (default 32M)\n"
+            "  -i, --stepbytes SIZE     increment between sizes (default 1M)\n"
+            "  -f, --stepfactor N       multiply sizes by N instead (default 1: use -i)\n"
+            "  -n, --iters N            timed iterations per size (default 20)\n"
+            "  -w, --warmup_iters N     untimed iterations before each size (default 5)\n"
+            "  -c, --check 0/1          check every result exactly (default 1)\n"
+            "  -d, --datatype T         int8 uint8 int32 uint32 int64 uint64 half float\n"
+            "                           double bfloat16 (or float16 float32 float64 bf16), all\n"
+            "  -o, --op OP              sum prod max min avg, all (default sum)\n"
+            "  -r, --root R             root rank, or all (-1 too) (default 0)\n"
+            "  -z, --blocking 0/1       accepted; weft's calls always block\n"
+            "  -a, --algo ALGO          sets WEFT_ALGO before init\n"
+            "  -J, --json FILE          also write every row as JSON to FILE\n"
+            "  -h, --help               this text\n",
+            coll->name);
+}
+
+static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_t *o)
+{
+    static const struct option longopts[] = {
+        {"minbytes", required_argument, NULL, 'b'}, {"maxbytes", required_argument, NULL, 'e'},
+        {"stepbytes", required_argument, NULL, 'i'}, {"stepfactor", required_argument, NULL, 'f'},
+        {"iters", required_argument, NULL, 'n'}, {"warmup_iters", required_argument, NULL, 'w'},
+        {"check", required_argument, NULL, 'c'}, {"datatype", required_argument, NULL, 'd'},
+        {"op", required_argument, NULL, 'o'}, {"root", required_argument, NULL, 'r'},
+        {"blocking", required_argument, NULL, 'z'}, {"algo", required_argument, NULL, 'a'},
+        {"json", required_argument, NULL, 'J'}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
+    memset(o, 0, sizeof(*o));
+    o->minbytes = o->maxbytes = 32u << 20;
+    o->stepbytes = 1u << 20;
+    o->stepfactor = 1;
+    o->iters = 20;
+    o->warmup = 5;
+    o->check = 1;
+    o->dtype = WEFT_FLOAT32;
+    o->op = WEFT_SUM;
+    int c;
+    long v;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:d:o:r:z:a:J:h", longopts, NULL)) != -1) {
+        const char *bad = NULL;
+        switch (c) {
+        case 'b': if (parse_size(optarg, &o->minbytes)) bad = "-b wants a size like 8, 64K, 32M"; break;
+        case 'e': if (parse_size(optarg, &o->maxbytes)) bad = "-e wants a size like 8, 64K, 32M"; break;
+        case 'i': if (parse_size(optarg, &o->stepbytes)) bad = "-i wants a size like 1M"; break;
+        case 'f': if (parse_int(optarg, 1, 1 << 20, &o->stepfactor)) bad = "-f wants an integer >= 1"; break;
+        case 'n': if (parse_int(optarg, 1, 1 << 30, &v)) bad = "-n wants an integer >= 1"; else o->iters = (int)v; break;
+        case 'w': if (parse_int(optarg, 0, 1 << 30, &v)) bad = "-w wants an integer >= 0"; else o->warmup = (int)v; break;
+        case 'c': if (parse_int(optarg, 0, 1 << 30, &v)) bad = "-c wants 0 or 1"; else o->check = v > 0; break;
+        case 'z': if (parse_int(optarg, 0, 1, &v)) bad = "-z wants 0 or 1"; else o->blocking = (int)v; break;
+        case 'a': o->algo = optarg; break;
+        case 'J': o->json_path = optarg; break;
+        case 'd':
+            o->dtype_all = strcmp(optarg, "all") == 0;
+            bad = o->dtype_all ? NULL : "-d wants a datatype name or all";
+            for (int t = 0; t < WEFT_NUM_DTYPES && bad; t++)
+                if (strcmp(optarg, dtype_names[t]) == 0)
+                    o->dtype = (weft_dtype_t)t, bad = NULL;
+            for (size_t k = 0; k < sizeof(dtype_aliases) / sizeof(dtype_aliases[0]) && bad; k++)
+                if (strcmp(optarg, dtype_aliases[k].name) == 0)
+                    o->dtype = dtype_aliases[k].dtype, bad = NULL;
+            break;
+        case 'o':
+            o->op_all = strcmp(optarg, "all") == 0;
+            bad = o->op_all ? NULL : "-o wants sum, prod, max, min, avg or all";
+            for (int k = 0; k < WEFT_NUM_OPS && bad; k++)
+                if (strcmp(optarg, op_names[k]) == 0)
+                    o->op = (weft_op_t)k, bad = NULL;
+            break;
+        case 'r':
+            if (strcmp(optarg, "all") == 0 || strcmp(optarg, "-1") == 0)
+                o->root_all = 1;
+            else if (parse_int(optarg, 0, INT32_MAX, &v))
+                bad = "-r wants a rank, all or -1";
+            else
+                o->root = (int)v;
+            break;
+        case 'h': perf_usage(coll, stdout); return 1;
+        default: bad = "unknown option or missing argument"; break;
+        }
+        if (bad) {
+            fprintf(stderr, "%s_perf: %s (got '%s')\n", coll->name, bad,
+                    c == '?' || c == ':' ? argv[optind - 1] : optarg);
+            perf_usage(coll, stderr);
+            return -1;
+        }
+    }
+    const char *bad = NULL;
+    if (optind < argc)
+        bad = "unexpected argument";
+    else if (o->minbytes > o->maxbytes)
+        bad = "-b is larger than -e";
+    else if (o->stepfactor <= 1 && o->stepbytes == 0 && o->minbytes < o->maxbytes)
+        bad = "-i 0 with -f 1 never reaches -e";
+    if (bad) {
+        fprintf(stderr, "%s_perf: %s\n", coll->name, bad);
+        return -1;
+    }
+    return 0;
+}
+
+/* Allocates and touches a benchmark buffer; asks for huge pages on big ones
+ * because a first touch of a small page costs ~13us here. */
+static void *perf_alloc(size_t bytes)
+{
+    size_t align = bytes >= PERF_HUGE ? PERF_HUGE : 4096;
+    bytes = (bytes + align - 1) / align * align;
+    void *p = NULL;
+    if (posix_memalign(&p, align, bytes) != 0)
+        return NULL;
+    if (bytes >= PERF_HUGE)
+        (void)madvise(p, bytes, MADV_HUGEPAGE); /* a hint: kernels without THP say EINVAL */
+    memset(p, 0, bytes);
+    return p;
+}
+
+static double perf_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
+}
+
+/* Where one placement of one size puts its data. */
+typedef struct {
+    perf_call_t call;
+    unsigned char *in; /* where this rank's input goes (NULL: none is read) */
+    size_t in_count;
+    size_t total;      /* elements in the size column (count*n for rs/ag) */
+} perf_layout_t;
+
+static void perf_layout(perf_ctx_t *ctx, size_t bytes, int in_place, perf_layout_t *l)
+{
+    const perf_pattern_t *p = &ctx->pat;
+    size_t ts = weft_dtype_size(p->dtype), n = (size_t)ctx->nranks, r = (size_t)ctx->rank;
+    perf_kind_t kind = ctx->coll->kind;
+    int split = kind == PERF_KIND_REDUCE_SCATTER || kind == PERF_KIND_ALLGATHER;
+    memset(l, 0, sizeof(*l));
+    l->total = split ? bytes / ts / n * n : bytes / ts;
+    l->call.count = split ? l->total / n : l->total;
+    l->call.dtype = p->dtype;
+    l->call.op = p->op;
+    l->call.rank = ctx->rank;
+    l->call.nranks = ctx->nranks;
+    l->call.recvbuf = ctx->recvbuf;
+    l->call.sendbuf = in_place ? ctx->recvbuf : ctx->sendbuf;
+    l->in = in_place ? ctx->recvbuf : ctx->sendbuf;
+    l->in_count = l->call.count;
+    if (kind == PERF_KIND_REDUCE_SCATTER) {
+        l->in_count = l->total;
+        if (in_place)
+            l->call.recvbuf = ctx->recvbuf + r * l->call.count * ts;
+    } else if (kind == PERF_KIND_ALLGATHER && in_place) {
+        l->in = ctx->recvbuf + r * l->call.count * ts;
+        l->call.sendbuf = l->in;
+    }
+}
+
+/* Poisons (count == NULL) or checks every output region of this rank. */
+static int64_t perf_outputs(perf_ctx_t *ctx, const perf_layout_t *l, int root, int64_t *count)
+{
+    const perf_pattern_t *p = &ctx->pat;
+    size_t ts = weft_dtype_size(p->dtype), c = l->call.count, first = 0;
+    int64_t wrong = 0;
+    for (int src = 0; src < ctx->nranks; src++) {
+        unsigned char *out = l->call.recvbuf;
+        size_t phase = 0;
+        switch (ctx->coll->kind) {
+        case PERF_KIND_ALLREDUCE:
+            if (src != 0) continue;
+            memcpy(ctx->tab_tmp, ctx->tab_want, sizeof(ctx->tab_tmp));
+            break;
+        case PERF_KIND_REDUCE:
+            if (src != 0 || ctx->rank != root) continue;
+            memcpy(ctx->tab_tmp, ctx->tab_want, sizeof(ctx->tab_tmp));
+            break;
+        case PERF_KIND_REDUCE_SCATTER:
+            if (src != 0) continue;
+            memcpy(ctx->tab_tmp, ctx->tab_want, sizeof(ctx->tab_tmp));
+            phase = (size_t)ctx->rank * c % PERF_PERIOD;
+            break;
+        case PERF_KIND_ALLGATHER:
+            table_of_rank(p, src, ctx->tab_tmp);
+            out = ctx->recvbuf + (size_t)src * c * ts;
+            break;
+        case PERF_KIND_BROADCAST:
+            if (src != root) continue;
+            table_of_rank(p, src, ctx->tab_tmp);
+            break;
+        case PERF_KIND_SENDRECV:
+            if (src != (ctx->rank + ctx->nranks - 1) % ctx->nranks) continue;
+            table_of_rank(p, src, ctx->tab_tmp);
+            break;
+        }
+        if (count == NULL) {
+            unsigned char poison[PERF_TAB_BYTES];
+            table_poison(ctx->tab_tmp, ts, poison);
+            buffer_fill(out, c, ts, poison, phase);
+            continue;
+        }
+        int64_t w = buffer_wrong(out, c, ts, ctx->tab_tmp, phase, &first);
+        if (w && !wrong)
+            fprintf(stderr, "# rank %d: %s %s %s count %zu: element %zu is %g, expected %g\n",
+                    ctx->rank, ctx->coll->name, dtype_names[p->dtype],
+                    ctx->coll->has_op ? op_names[p->op] : "", c,
+                    (size_t)(out - ctx->recvbuf) / ts + first,
+                    value_load(p->dtype, out + first * ts),
+                    value_load(p->dtype, ctx->tab_tmp + (phase + first) % PERF_PERIOD * ts));
+        wrong += w;
+    }
+    if (count)
+        *count = wrong;
+    return wrong;
+}
+
+/* Times one placement of one size, then (with -c) runs it once more on
+ * the pattern and counts wrong elements over all ranks.  *wrong is -1 when
+ * nothing was checked. */
+static weft_status_t perf_measure(perf_ctx_t *ctx, size_t bytes, int root, int in_place,
+                                  double *time_us, int64_t *wrong)
+{
+    const perf_coll_t *coll = ctx->coll;
+    const perf_pattern_t *p = &ctx->pat;
+    size_t ts = weft_dtype_size(p->dtype);
+    perf_layout_t l;
+    perf_layout(ctx, bytes, in_place, &l);
+    l.call.root = root;
+
+    /* Values that repeated in-place reductions leave unchanged: no overflow,
+     * no denormals, no infinities while timing. */
+    table_of_constant(p->dtype, p->reduces && p->op == WEFT_SUM ? 0.0 : 1.0, ctx->tab_tmp);
+    buffer_fill(l.in, l.in_count, ts, ctx->tab_tmp, 0);
+    for (int i = 0; i < ctx->opt.warmup; i++)
+        PERF_CHECK(ctx, coll->name, coll->run(&l.call, ctx->comm));
+    PERF_CHECK(ctx, "weft_allreduce (sync)",
+               weft_allreduce(ctx->sync, ctx->sync, 1, WEFT_FLOAT64, WEFT_SUM, ctx->comm));
+    double t0 = perf_now_us();
+    for (int i = 0; i < ctx->opt.iters; i++)
+        PERF_CHECK(ctx, coll->name, coll->run(&l.call, ctx->comm));
+    double t = (perf_now_us() - t0) / ctx->opt.iters;
+    PERF_CHECK(ctx, "weft_allreduce (time)",
+               weft_allreduce(&t, &t, 1, WEFT_FLOAT64, WEFT_MAX, ctx->comm));
+    *time_us = t;
+
+    *wrong = -1;
+    if (!ctx->opt.check || !ctx->check_ok || (in_place && !coll->check_in_place))
+        return WEFT_OK;
+    int64_t w = 0;
+    perf_outputs(ctx, &l, root, NULL);
+    if (coll->kind != PERF_KIND_BROADCAST || ctx->rank == root)
+        buffer_fill(l.in, l.in_count, ts, ctx->tab_in, 0);
+    PERF_CHECK(ctx, coll->name, coll->run(&l.call, ctx->comm));
+    perf_outputs(ctx, &l, root, &w);
+    PERF_CHECK(ctx, "weft_allreduce (check)",
+               weft_allreduce(&w, &w, 1, WEFT_INT64, WEFT_SUM, ctx->comm));
+    *wrong = w;
+    return WEFT_OK;
+}
+
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+static void perf_row(perf_ctx_t *ctx, size_t size, size_t count, const char *op, int root,
+                     const double *time_us, const int64_t *wrong)
+{
+    double factor = ctx->coll->bus_factor(ctx->nranks);
+    printf("%12zu  %12zu  %8s  %6s  %6d", size, count, dtype_names[ctx->pat.dtype], op, root);
+    if (ctx->json) {
+        fprintf(ctx->json, "%s\n    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", "
+                "\"redop\": \"%s\", \"root\": %d",
+                ctx->json_rows++ ? "," : "", size, count, dtype_names[ctx->pat.dtype], op, root);
+    }
+    for (int place = 0; place < 2; place++) {
+        double us = time_us[place];
+        double algbw = us > 0 ? (double)size / 1e3 / us : 0.0, busbw = algbw * factor;
+        char tstr[32], wstr[32];
+        snprintf(tstr, sizeof(tstr), us >= 10000.0 ? "%7.0f" : us >= 100.0 ? "%7.1f" : "%7.2f", us);
+        if (wrong[place] < 0)
+            snprintf(wstr, sizeof(wstr), "N/A");
+        else
+            snprintf(wstr, sizeof(wstr), "%" PRId64, wrong[place]);
+        printf("  %7s  %6.2f  %6.2f  %6s", tstr, algbw, busbw, wstr);
+        ctx->bw_sum += busbw;
+        ctx->bw_count++;
+        if (ctx->json) {
+            fprintf(ctx->json, ", \"%s\": {\"time_us\": %.3f, \"algbw\": %.6f, \"busbw\": %.6f, "
+                    "\"wrong\": ", place ? "in_place" : "out_of_place", us, algbw, busbw);
+            if (wrong[place] < 0)
+                fprintf(ctx->json, "null}");
+            else
+                fprintf(ctx->json, "%" PRId64 "}", wrong[place]);
+        }
+    }
+    printf("\n");
+    fflush(stdout);
+    if (ctx->json)
+        fprintf(ctx->json, "}");
+}
+
+/* All sizes of one (dtype, op, root). */
+static weft_status_t perf_case(perf_ctx_t *ctx, weft_dtype_t dtype, weft_op_t op, int root)
+{
+    const perf_coll_t *coll = ctx->coll;
+    int reduces = coll->has_op;
+    ctx->check_ok = pattern_fit(&ctx->pat, dtype, op, reduces, ctx->nranks);
+    if (!ctx->check_ok && ctx->opt.check && ctx->rank == 0)
+        printf("# no exact inputs for %s %s on %d ranks: not checked\n", dtype_names[dtype],
+               op_names[op], ctx->nranks);
+    table_of_rank(&ctx->pat, ctx->rank, ctx->tab_in);
+    if (reduces)
+        table_of_reduction(&ctx->pat, ctx->tab_want);
+    const char *opname = reduces ? op_names[op] : "none";
+    size_t ts = weft_dtype_size(dtype);
+    for (size_t bytes = ctx->opt.minbytes;;) {
+        double t[2];
+        int64_t wrong[2];
+        for (int place = 0; place < 2; place++) {
+            weft_status_t st = perf_measure(ctx, bytes, root, place, &t[place], &wrong[place]);
+            if (st != WEFT_OK)
+                return st;
+        }
+        for (int place = 0; place < 2; place++)
+            if (wrong[place] > 0)
+                ctx->wrong_total += wrong[place];
+        perf_layout_t l;
+        perf_layout(ctx, bytes, 0, &l);
+        if (ctx->rank == 0)
+            perf_row(ctx, l.total * ts, l.total, opname, root, t, wrong);
+        if (ctx->opt.stepfactor > 1) {
+            if (bytes > ctx->opt.maxbytes / (size_t)ctx->opt.stepfactor)
+                break;
+            bytes = bytes ? bytes * (size_t)ctx->opt.stepfactor : 1;
+        } else {
+            if (ctx->opt.stepbytes == 0 || bytes > ctx->opt.maxbytes - ctx->opt.stepbytes)
+                break;
+            bytes += ctx->opt.stepbytes;
+        }
+        if (bytes > ctx->opt.maxbytes)
+            break;
+    }
+    return WEFT_OK;
+}
+
+/* Gathers every rank's pid and host and prints the header on rank 0. */
+static weft_status_t perf_header(perf_ctx_t *ctx)
+{
+    perf_rank_rec_t mine, *all = calloc((size_t)ctx->nranks, sizeof(*all));
+    if (all == NULL)
+        return perf_fail(ctx, "calloc of the rank table", WEFT_ERR_NO_MEMORY);
+    memset(&mine, 0, sizeof(mine));
+    mine.rank = ctx->rank;
+    mine.pid = (int32_t)getpid();
+    if (gethostname(mine.host, sizeof(mine.host) - 1) != 0)
+        snprintf(mine.host, sizeof(mine.host), "unknown");
+    weft_status_t st = weft_allgather(&mine, all, sizeof(mine), WEFT_UINT8, ctx->comm);
+    if (st != WEFT_OK) {
+        free(all);
+        return perf_fail(ctx, "weft_allgather (rank table)", st);
+    }
+    if (ctx->rank == 0) {
+        const perf_opts_t *o = &ctx->opt;
+        const char *algo = getenv("WEFT_ALGO");
+        char step[48];
+        if (o->stepfactor > 1)
+            snprintf(step, sizeof(step), "%ld(factor)", o->stepfactor);
+        else
+            snprintf(step, sizeof(step), "%zu(bytes)", o->stepbytes);
+        printf("# weft %d.%d.%d %s_perf\n", WEFT_VERSION_MAJOR, WEFT_VERSION_MINOR,
+               WEFT_VERSION_PATCH, ctx->coll->name);
+        printf("# nRanks %d minBytes %zu maxBytes %zu step: %s warmup iters: %d iters: %d "
+               "validation: %d blocking: %d algo: %s\n",
+               ctx->nranks, o->minbytes, o->maxbytes, step, o->warmup, o->iters, o->check,
+               o->blocking, algo && *algo ? algo : "default");
+        printf("#\n# Using ranks\n");
+        for (int r = 0; r < ctx->nranks; r++) {
+            all[r].host[sizeof(all[r].host) - 1] = '\0';
+            printf("#  Rank %2d Pid %6d on %10s\n", (int)all[r].rank, (int)all[r].pid, all[r].host);
+        }
+        printf("#\n");
+        /* Each label centred over its 33-column block, as nccl-tests does. */
+        printf("#%51s%22s%11s%21s\n", "", "out-of-place", "", "in-place");
+        printf("#%11s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "size",
+               "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
+               "algbw", "busbw", "#wrong");
+        printf("#%11s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "(B)",
+               "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
+               "(GB/s)", "");
+        fflush(stdout);
+    }
+    if (ctx->json) {
+        const perf_opts_t *o = &ctx->opt;
+        fprintf(ctx->json, "{\n  \"benchmark\": \"%s_perf\",\n  \"weft_version\": \"%d.%d.%d\",\n"
+                "  \"nranks\": %d,\n  \"options\": {\"minbytes\": %zu, \"maxbytes\": %zu, "
+                "\"stepbytes\": %zu, \"stepfactor\": %ld, \"iters\": %d, \"warmup_iters\": %d, "
+                "\"check\": %d, \"blocking\": %d, \"algo\": ",
+                ctx->coll->name, WEFT_VERSION_MAJOR, WEFT_VERSION_MINOR, WEFT_VERSION_PATCH,
+                ctx->nranks, o->minbytes, o->maxbytes, o->stepbytes, o->stepfactor, o->iters,
+                o->warmup, o->check, o->blocking);
+        const char *algo = getenv("WEFT_ALGO");
+        json_string(ctx->json, algo && *algo ? algo : "default");
+        fprintf(ctx->json, "},\n  \"ranks\": [");
+        for (int r = 0; r < ctx->nranks; r++) {
+            fprintf(ctx->json, "%s\n    {\"rank\": %d, \"pid\": %d, \"host\": ", r ? "," : "",
+                    (int)all[r].rank, (int)all[r].pid);
+            json_string(ctx->json, all[r].host);
+            fprintf(ctx->json, "}");
+        }
+        fprintf(ctx->json, "\n  ],\n  \"rows\": [");
+    }
+    free(all);
+    return WEFT_OK;
+}
+
+static weft_status_t perf_all_cases(perf_ctx_t *ctx)
+{
+    const perf_coll_t *coll = ctx->coll;
+    const perf_opts_t *o = &ctx->opt;
+    int t0 = o->dtype_all ? 0 : (int)o->dtype, t1 = o->dtype_all ? WEFT_NUM_DTYPES - 1 : t0;
+    int op0 = o->op_all && coll->has_op ? 0 : (int)o->op;
+    int op1 = o->op_all && coll->has_op ? WEFT_NUM_OPS - 1 : op0;
+    int r0 = !coll->has_root ? -1 : o->root_all ? 0 : o->root;
+    int r1 = !coll->has_root ? -1 : o->root_all ? ctx->nranks - 1 : o->root;
+    for (int t = t0; t <= t1; t++)
+        for (int op = op0; op <= op1; op++)
+            for (int root = r0; root <= r1; root++) {
+                weft_status_t st = perf_case(ctx, (weft_dtype_t)t, (weft_op_t)op, root);
+                if (st != WEFT_OK)
+                    return st;
+            }
+    return WEFT_OK;
+}
+
+int perf_main(const perf_coll_t *coll, int argc, char **argv)
+{
+    perf_ctx_t *ctx = calloc(1, sizeof(*ctx));
+    int exit_code = 1;
+    if (ctx == NULL) {
+        fprintf(stderr, "%s_perf: out of memory\n", coll->name);
+        return 1;
+    }
+    ctx->coll = coll;
+    int rc = perf_parse(coll, argc, argv, &ctx->opt);
+    if (rc != 0) {
+        free(ctx);
+        return rc > 0 ? 0 : 2;
+    }
+    if (ctx->opt.algo && setenv("WEFT_ALGO", ctx->opt.algo, 1) != 0) {
+        fprintf(stderr, "%s_perf: setenv WEFT_ALGO: %s\n", coll->name, strerror(errno));
+        goto out_free;
+    }
+    weft_status_t st = weft_comm_init_env(&ctx->comm);
+    if (st != WEFT_OK) {
+        fprintf(stderr, "%s_perf: weft_comm_init_env failed: %s: %s\n", coll->name,
+                weft_status_string(st), weft_last_error(NULL));
+        goto out_free;
+    }
+    if ((st = weft_comm_rank(ctx->comm, &ctx->rank)) != WEFT_OK ||
+        (st = weft_comm_size(ctx->comm, &ctx->nranks)) != WEFT_OK) {
+        perf_fail(ctx, "weft_comm_rank/size", st);
+        goto out_abort;
+    }
+    if (coll->has_root && !ctx->opt.root_all && ctx->opt.root >= ctx->nranks) {
+        if (ctx->rank == 0)
+            fprintf(stderr, "%s_perf: -r %d is not a rank of this %d-rank job\n", coll->name,
+                    ctx->opt.root, ctx->nranks);
+        exit_code = 2;
+        goto out_destroy;
+    }
+
+    /* Local failures (memory, the JSON file) are agreed on before anyone
+     * enters a collective, so every rank stops cleanly together. */
+    int32_t failed = 0;
+    ctx->bufbytes = ctx->opt.maxbytes ? ctx->opt.maxbytes : 1;
+    ctx->sendbuf = perf_alloc(ctx->bufbytes);
+    ctx->recvbuf = perf_alloc(ctx->bufbytes);
+    if (ctx->sendbuf == NULL || ctx->recvbuf == NULL) {
+        fprintf(stderr, "# rank %d: cannot allocate 2 x %zu bytes\n", ctx->rank, ctx->bufbytes);
+        failed = 1;
+    }
+    if (ctx->rank == 0 && ctx->opt.json_path) {
+        ctx->json = fopen(ctx->opt.json_path, "w");
+        if (ctx->json == NULL) {
+            fprintf(stderr, "%s_perf: cannot write %s: %s\n", coll->name, ctx->opt.json_path,
+                    strerror(errno));
+            failed = 1;
+        }
+    }
+    st = weft_allreduce(&failed, &failed, 1, WEFT_INT32, WEFT_MAX, ctx->comm);
+    if (st != WEFT_OK) {
+        perf_fail(ctx, "weft_allreduce (setup)", st);
+        goto out_abort;
+    }
+    if (failed)
+        goto out_destroy;
+
+    if (perf_header(ctx) != WEFT_OK || perf_all_cases(ctx) != WEFT_OK)
+        goto out_abort;
+
+    double avg = ctx->bw_count ? ctx->bw_sum / (double)ctx->bw_count : 0.0;
+    if (ctx->rank == 0) {
+        printf("# Out of bounds values : %" PRId64 " %s\n", ctx->wrong_total,
+               ctx->wrong_total ? "FAILED" : "OK");
+        printf("# Avg bus bandwidth    : %g \n#\n", avg);
+        printf("# Collective test concluded: %s_perf\n", coll->name);
+        fflush(stdout);
+    }
+    if (ctx->json) {
+        fprintf(ctx->json, "\n  ],\n  \"out_of_bounds\": %" PRId64 ",\n  \"avg_busbw\": %g,\n"
+                "  \"ok\": %s\n}\n", ctx->wrong_total, avg, ctx->wrong_total ? "false" : "true");
+    }
+    exit_code = ctx->wrong_total ? 1 : 0;
+
+out_destroy:
+    st = weft_comm_destroy(ctx->comm);
+    if (st != WEFT_OK) {
+        fprintf(stderr, "# rank %d: weft_comm_destroy failed: %s: %s\n", ctx->rank,
+                weft_status_string(st), weft_last_error(NULL));
+        exit_code = 1;
+    }
+    goto out_close;
+out_abort:
+    weft_comm_abort(ctx->comm);
+    exit_code = 1;
+out_close:
+    if (ctx->json && fclose(ctx->json) != 0) {
+        fprintf(stderr, "%s_perf: writing %s: %s\n", coll->name, ctx->opt.json_path,
+                strerror(errno));
+        exit_code = 1;
+    }
+    free(ctx->recvbuf);
+    free(ctx->sendbuf);
+out_free:
+    free(ctx);
+    return exit_code;
+}

@@ -1,0 +1,298 @@
+/*
+ * api.c - the public entry points of the collectives: every argument is
+ * checked here, so a bad call returns WEFT_ERR_INVALID_ARG with a message
+ * and changes nothing; then the call becomes an engine op (blocking, non-
+ * blocking, or queued in a group).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "algorithms/schedule.h"
+#include "comm.h"
+#include "engine.h"
+
+size_t weft_dtype_size(weft_dtype_t dtype)
+{
+    switch (dtype) {
+    case WEFT_INT8:
+    case WEFT_UINT8: return 1;
+    case WEFT_FLOAT16:
+    case WEFT_BFLOAT16: return 2;
+    case WEFT_INT32:
+    case WEFT_UINT32:
+    case WEFT_FLOAT32: return 4;
+    case WEFT_INT64:
+    case WEFT_UINT64:
+    case WEFT_FLOAT64: return 8;
+    default: return 0;
+    }
+}
+
+/* Ops queued by blocking calls between weft_group_start and _end. */
+struct group_item {
+    struct weft_comm *comm;
+    struct weft_op *op;
+};
+static __thread int group_depth;
+static __thread struct group_item *group_items;
+static __thread size_t group_n, group_cap;
+
+static bool ranges_overlap(const void *a, size_t alen, const void *b, size_t blen)
+{
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + blen && y < x + alen;
+}
+
+/* Checks everything about a call; the message names the function. */
+static weft_status_t check_args(const char *fn, struct weft_comm *comm, struct weft_op_args *a)
+{
+    if (comm == NULL || !weft_comm_valid(comm))
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                "%s: invalid communicator (NULL, destroyed or never created)", fn);
+    weft_status_t sticky = (weft_status_t)atomic_load(&comm->error);
+    if (sticky != WEFT_OK)
+        return sticky; /* the message of the first failure stays in last_error */
+    size_t esize = weft_dtype_size(a->dtype);
+    if (esize == 0)
+        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "%s: invalid datatype %d", fn,
+                                (int)a->dtype);
+    bool reduces = a->coll == WEFT_COLL_ALLREDUCE || a->coll == WEFT_COLL_REDUCE_SCATTER ||
+                   a->coll == WEFT_COLL_REDUCE;
+    if (reduces && ((unsigned)a->op >= WEFT_NUM_OPS))
+        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "%s: invalid reduction op %d", fn,
+                                (int)a->op);
+    int p = comm->nranks;
+    bool rooted = a->coll == WEFT_COLL_BROADCAST || a->coll == WEFT_COLL_REDUCE;
+    bool p2p = a->coll == WEFT_COLL_SEND || a->coll == WEFT_COLL_RECV;
+    if ((rooted || p2p) && (a->root < 0 || a->root >= p))
+        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "%s: %s %d out of range (0..%d)", fn,
+                                p2p ? "peer" : "root", a->root, p - 1);
+    if (p2p && a->root == comm->rank)
+        return weft_error_quiet(comm, WEFT_ERR_UNSUPPORTED,
+                                "%s: sending to or receiving from oneself is not supported", fn);
+    /* Element counts of each buffer, guarded against overflow. */
+    size_t mult = a->coll == WEFT_COLL_ALLGATHER || a->coll == WEFT_COLL_REDUCE_SCATTER ? (size_t)p : 1;
+    if (a->count > SIZE_MAX / 2 / esize / mult)
+        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG,
+                                "%s: count %zu overflows the addressable size", fn, a->count);
+    struct weft_coll_desc d = {.coll = a->coll, .rank = comm->rank, .nranks = p, .root = a->root,
+                               .count = a->count};
+    size_t sbytes = weft_coll_send_count(&d) * esize, rbytes = weft_coll_recv_count(&d) * esize;
+    bool need_send = sbytes > 0 && !(a->coll == WEFT_COLL_BROADCAST && comm->rank != a->root);
+    bool need_recv = rbytes > 0 && !(a->coll == WEFT_COLL_REDUCE && comm->rank != a->root);
+    if (need_send && a->sendbuf == NULL)
+        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "%s: %s is NULL with count %zu", fn,
+                                p2p ? "buf" : "sendbuf", a->count);
+    if (need_recv && a->recvbuf == NULL)
+        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "%s: %s is NULL with count %zu", fn,
+                                p2p ? "buf" : "recvbuf", a->count);
+    if (need_send && need_recv && a->sendbuf != a->recvbuf) {
+        /* In place is exact aliasing (or NCCL's offsets); partial overlap is a bug. */
+        const char *s = a->sendbuf;
+        char *r = a->recvbuf;
+        bool inplace = (a->coll == WEFT_COLL_ALLGATHER && s == r + (size_t)comm->rank * sbytes) ||
+                       (a->coll == WEFT_COLL_REDUCE_SCATTER && r == s + (size_t)comm->rank * rbytes);
+        if (!inplace && ranges_overlap(s, sbytes, r, rbytes))
+            return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG,
+                                    "%s: sendbuf and recvbuf overlap without being in place", fn);
+    }
+    if (!need_send)
+        a->sendbuf = a->coll == WEFT_COLL_BROADCAST ? a->sendbuf : NULL;
+    if (!need_recv && a->coll == WEFT_COLL_REDUCE)
+        a->recvbuf = NULL;
+    return WEFT_OK;
+}
+
+static weft_status_t run(const char *fn, struct weft_comm *comm, struct weft_op_args *a,
+                         weft_request_t *req)
+{
+    if (req != NULL)
+        *req = NULL;
+    WEFT_CHECK(check_args(fn, comm, a));
+    struct weft_op *op;
+    WEFT_CHECK(weft_engine_op_new(comm, a, &op));
+    if (req != NULL) {
+        weft_engine_submit(comm, op, true);
+        *req = (weft_request_t)op;
+        return WEFT_OK;
+    }
+    if (group_depth > 0) {
+        if (group_n == group_cap) {
+            size_t cap = group_cap ? 2 * group_cap : 16;
+            struct group_item *n = realloc(group_items, cap * sizeof(*n));
+            if (n == NULL) {
+                weft_engine_op_free(comm, op);
+                return weft_error(comm, WEFT_ERR_NO_MEMORY, "%s: cannot queue in the group", fn);
+            }
+            group_items = n;
+            group_cap = cap;
+        }
+        group_items[group_n++] = (struct group_item){comm, op};
+        return WEFT_OK;
+    }
+    weft_engine_submit(comm, op, false);
+    return weft_engine_wait(comm, op);
+}
+
+#define ARGS(c, s, r, n, t, o, rt)                                                          \
+    (struct weft_op_args) { .coll = (c), .sendbuf = (s), .recvbuf = (r), .count = (n),      \
+                            .dtype = (t), .op = (o), .root = (rt) }
+
+weft_status_t weft_allreduce(const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype,
+                             weft_op_t op, weft_comm_t comm)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0);
+    return run("weft_allreduce", comm, &a, NULL);
+}
+
+weft_status_t weft_iallreduce(const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype,
+                              weft_op_t op, weft_comm_t comm, weft_request_t *req)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0);
+    if (req == NULL)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_iallreduce: req is NULL");
+    return run("weft_iallreduce", comm, &a, req);
+}
+
+weft_status_t weft_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                  weft_dtype_t dtype, weft_op_t op, weft_comm_t comm)
+{
+    struct weft_op_args a =
+        ARGS(WEFT_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0);
+    return run("weft_reduce_scatter", comm, &a, NULL);
+}
+
+weft_status_t weft_ireduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                   weft_dtype_t dtype, weft_op_t op, weft_comm_t comm,
+                                   weft_request_t *req)
+{
+    struct weft_op_args a =
+        ARGS(WEFT_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0);
+    if (req == NULL)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_ireduce_scatter: req is NULL");
+    return run("weft_ireduce_scatter", comm, &a, req);
+}
+
+weft_status_t weft_allgather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                             weft_dtype_t dtype, weft_comm_t comm)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, 0, 0);
+    return run("weft_allgather", comm, &a, NULL);
+}
+
+weft_status_t weft_iallgather(const void *sendbuf, void *recvbuf, size_t sendcount,
+                              weft_dtype_t dtype, weft_comm_t comm, weft_request_t *req)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, 0, 0);
+    if (req == NULL)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_iallgather: req is NULL");
+    return run("weft_iallgather", comm, &a, req);
+}
+
+weft_status_t weft_broadcast(const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype,
+                             int root, weft_comm_t comm)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_BROADCAST, sendbuf, recvbuf, count, dtype, 0, root);
+    return run("weft_broadcast", comm, &a, NULL);
+}
+
+weft_status_t weft_ibroadcast(const void *sendbuf, void *recvbuf, size_t count,
+                              weft_dtype_t dtype, int root, weft_comm_t comm, weft_request_t *req)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_BROADCAST, sendbuf, recvbuf, count, dtype, 0, root);
+    if (req == NULL)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_ibroadcast: req is NULL");
+    return run("weft_ibroadcast", comm, &a, req);
+}
+
+weft_status_t weft_reduce(const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype,
+                          weft_op_t op, int root, weft_comm_t comm)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root);
+    return run("weft_reduce", comm, &a, NULL);
+}
+
+weft_status_t weft_ireduce(const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype,
+                           weft_op_t op, int root, weft_comm_t comm, weft_request_t *req)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root);
+    if (req == NULL)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_ireduce: req is NULL");
+    return run("weft_ireduce", comm, &a, req);
+}
+
+weft_status_t weft_send(const void *buf, size_t count, weft_dtype_t dtype, int peer,
+                        weft_comm_t comm)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_SEND, buf, NULL, count, dtype, 0, peer);
+    return run("weft_send", comm, &a, NULL);
+}
+
+weft_status_t weft_isend(const void *buf, size_t count, weft_dtype_t dtype, int peer,
+                         weft_comm_t comm, weft_request_t *req)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_SEND, buf, NULL, count, dtype, 0, peer);
+    if (req == NULL)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_isend: req is NULL");
+    return run("weft_isend", comm, &a, req);
+}
+
+weft_status_t weft_recv(void *buf, size_t count, weft_dtype_t dtype, int peer, weft_comm_t comm)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_RECV, NULL, buf, count, dtype, 0, peer);
+    return run("weft_recv", comm, &a, NULL);
+}
+
+weft_status_t weft_irecv(void *buf, size_t count, weft_dtype_t dtype, int peer, weft_comm_t comm,
+                         weft_request_t *req)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_RECV, NULL, buf, count, dtype, 0, peer);
+    if (req == NULL)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_irecv: req is NULL");
+    return run("weft_irecv", comm, &a, req);
+}
+
+weft_status_t weft_wait(weft_request_t req)
+{
+    if (req == NULL)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_wait: req is NULL");
+    struct weft_op *op = (struct weft_op *)req;
+    return weft_engine_wait(weft_op_comm(op), op);
+}
+
+weft_status_t weft_test(weft_request_t req, int *done)
+{
+    if (req == NULL || done == NULL)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_test: %s is NULL",
+                                req == NULL ? "req" : "done");
+    struct weft_op *op = (struct weft_op *)req;
+    return weft_engine_test(weft_op_comm(op), op, done);
+}
+
+weft_status_t weft_group_start(void)
+{
+    group_depth++;
+    return WEFT_OK;
+}
+
+weft_status_t weft_group_end(void)
+{
+    if (group_depth == 0)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                "weft_group_end without a matching weft_group_start");
+    if (--group_depth > 0)
+        return WEFT_OK;
+    /* Start everything, then wait for everything: matching sends and
+     * receives progress together, so no order of calls can deadlock. */
+    size_t n = group_n;
+    group_n = 0;
+    for (size_t i = 0; i < n; i++)
+        weft_engine_submit(group_items[i].comm, group_items[i].op, false);
+    weft_status_t first = WEFT_OK;
+    for (size_t i = 0; i < n; i++) {
+        weft_status_t st = weft_engine_wait(group_items[i].comm, group_items[i].op);
+        if (first == WEFT_OK && st != WEFT_OK)
+            first = st;
+    }
+    return first;
+}

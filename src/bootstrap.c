@@ -1,0 +1,489 @@
+/*
+ * bootstrap.c - the unique id and the rendezvous.  Rank 0 listens at the
+ * id's address, authenticates every connection (src/auth.h), collects one
+ * info record per rank and sends back the table.  The star of connections
+ * stays open for out-of-band allgather and barrier.  Strangers, silent
+ * connections and bad handshakes are dropped and logged; the job goes on.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bootstrap.h"
+#include "comm.h"
+
+#define UID_MAGIC 0x44494657u /* "WFID" little endian */
+#define UID_VERSION 1
+#define MAX_PENDING 64             /* unauthenticated connections held at once */
+#define HANDSHAKE_MS 10000         /* bound on one connection's handshake */
+#define BS_MAGIC 0x53425746u       /* "WFBS": header of every bootstrap message */
+
+/*
+ * Owner: the communicator.  fds[i] (root only) is the authenticated
+ * connection to rank i; a non-root rank has only root_fd.
+ */
+struct weft_bootstrap {
+    struct weft_comm *comm;
+    int rank, nranks;
+    int root_fd;  /* non-root: connection to rank 0 */
+    int *fds;     /* root: (nranks), fds[0] = -1 */
+};
+
+/* ---- the id --------------------------------------------------------------- */
+
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t get32(const uint8_t *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
+static uint64_t get64(const uint8_t *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
+
+weft_status_t weft_uid_make(weft_unique_id_t *id, const union weft_sockaddr *root,
+                            const uint8_t *secret)
+{
+    uint8_t *p = (uint8_t *)id->internal;
+    memset(id, 0, sizeof(*id));
+    put32(p, UID_MAGIC);
+    put16(p + 4, UID_VERSION);
+    put16(p + 6, (uint16_t)root->sa.sa_family);
+    if (root->sa.sa_family == AF_INET) {
+        memcpy(p + 8, &root->in.sin_port, 2);
+        memcpy(p + 10, &root->in.sin_addr, 4);
+    } else if (root->sa.sa_family == AF_INET6) {
+        memcpy(p + 8, &root->in6.sin6_port, 2);
+        memcpy(p + 10, &root->in6.sin6_addr, 16);
+        put32(p + 26, root->in6.sin6_scope_id);
+    } else {
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "unique id: address family %d unsupported",
+                          root->sa.sa_family);
+    }
+    if (secret)
+        memcpy(p + 32, secret, WEFT_SECRET_BYTES);
+    else
+        WEFT_CHECK(weft_random_bytes(p + 32, WEFT_SECRET_BYTES));
+    uint8_t job[8];
+    WEFT_CHECK(weft_random_bytes(job, sizeof(job)));
+    put64(p + 48, get64(job));
+    return WEFT_OK;
+}
+
+weft_status_t weft_uid_parse(const weft_unique_id_t *id, struct weft_uid *out)
+{
+    const uint8_t *p = (const uint8_t *)id->internal;
+    if (get32(p) != UID_MAGIC)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                "not a weft unique id (bad magic; was it made by weft_get_unique_id?)");
+    if (get16(p + 4) != UID_VERSION)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                "unique id version %u, this library speaks %u", get16(p + 4),
+                                UID_VERSION);
+    memset(out, 0, sizeof(*out));
+    uint16_t fam = get16(p + 6);
+    if (fam == AF_INET) {
+        out->root.in.sin_family = AF_INET;
+        memcpy(&out->root.in.sin_port, p + 8, 2);
+        memcpy(&out->root.in.sin_addr, p + 10, 4);
+    } else if (fam == AF_INET6) {
+        out->root.in6.sin6_family = AF_INET6;
+        memcpy(&out->root.in6.sin6_port, p + 8, 2);
+        memcpy(&out->root.in6.sin6_addr, p + 10, 16);
+        out->root.in6.sin6_scope_id = get32(p + 26);
+    } else {
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "unique id: bad address family %u", fam);
+    }
+    memcpy(out->secret, p + 32, WEFT_SECRET_BYTES);
+    out->job = get64(p + 48);
+    return WEFT_OK;
+}
+
+void weft_uid_to_hex(const weft_unique_id_t *id, char *hex)
+{
+    static const char digits[] = "0123456789abcdef";
+    const uint8_t *p = (const uint8_t *)id->internal;
+    for (size_t i = 0; i < WEFT_UNIQUE_ID_BYTES; i++) {
+        hex[2 * i] = digits[p[i] >> 4];
+        hex[2 * i + 1] = digits[p[i] & 15];
+    }
+    hex[2 * WEFT_UNIQUE_ID_BYTES] = '\0';
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+weft_status_t weft_uid_from_hex(const char *hex, weft_unique_id_t *id)
+{
+    size_t n = strlen(hex);
+    if (n != 2 * WEFT_UNIQUE_ID_BYTES)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                "WEFT_UNIQUE_ID has %zu characters, expected %d hex digits", n,
+                                2 * WEFT_UNIQUE_ID_BYTES);
+    for (size_t i = 0; i < WEFT_UNIQUE_ID_BYTES; i++) {
+        int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                    "WEFT_UNIQUE_ID: '%c%c' at offset %zu is not hex", hex[2 * i],
+                                    hex[2 * i + 1], 2 * i);
+        id->internal[i] = (char)(hi << 4 | lo);
+    }
+    return WEFT_OK;
+}
+
+/* Listeners opened by weft_get_unique_id, until rank 0 takes them. */
+static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct { uint64_t job; int fd; } held[16];
+
+int weft_uid_take_listener(uint64_t job)
+{
+    int fd = -1;
+    pthread_mutex_lock(&held_mu);
+    for (size_t i = 0; i < WEFT_ARRAY_SIZE(held); i++)
+        if (held[i].fd > 0 && held[i].job == job) {
+            fd = held[i].fd;
+            held[i].fd = 0;
+        }
+    pthread_mutex_unlock(&held_mu);
+    return fd;
+}
+
+weft_status_t weft_get_unique_id(weft_unique_id_t *id)
+{
+    weft_log_init();
+    if (id == NULL)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_get_unique_id: id is NULL");
+    union weft_sockaddr addr;
+    char ifname[64];
+    WEFT_CHECK(weft_sock_pick_iface(NULL, &addr, ifname, sizeof(ifname)));
+    int fd;
+    WEFT_CHECK(weft_sock_listen(&addr, &fd));
+    weft_status_t st = weft_uid_make(id, &addr, NULL);
+    struct weft_uid uid;
+    if (st == WEFT_OK)
+        st = weft_uid_parse(id, &uid);
+    if (st != WEFT_OK) {
+        close(fd);
+        return st;
+    }
+    pthread_mutex_lock(&held_mu);
+    size_t slot = 0;
+    for (size_t i = 0; i < WEFT_ARRAY_SIZE(held); i++)
+        if (held[i].fd <= 0) {
+            slot = i;
+            break;
+        } else if (i == WEFT_ARRAY_SIZE(held) - 1) {
+            close(held[0].fd); /* the oldest unused id loses its listener */
+        }
+    held[slot].job = uid.job;
+    held[slot].fd = fd;
+    pthread_mutex_unlock(&held_mu);
+    char buf[96];
+    WEFT_INFO(WEFT_SUB_BOOT, "unique id: root %s on %s", weft_sock_str(&addr, buf, sizeof(buf)),
+              ifname);
+    return WEFT_OK;
+}
+
+/* ---- framed messages on the star ------------------------------------------ */
+
+static weft_status_t msg_send(int fd, const void *buf, size_t len, uint64_t deadline)
+{
+    uint8_t hdr[8];
+    put32(hdr, BS_MAGIC);
+    put32(hdr + 4, (uint32_t)len);
+    WEFT_CHECK(weft_sock_send_all(fd, hdr, sizeof(hdr), deadline));
+    return weft_sock_send_all(fd, buf, len, deadline);
+}
+
+/* Receives exactly len bytes of payload; a header that disagrees is an
+ * error before any payload byte is read. */
+static weft_status_t msg_recv(struct weft_comm *comm, int fd, int peer, void *buf, size_t len,
+                              uint64_t deadline)
+{
+    uint8_t hdr[8];
+    WEFT_CHECK(weft_sock_recv_all(fd, hdr, sizeof(hdr), deadline));
+    if (get32(hdr) != BS_MAGIC || get32(hdr + 4) != len)
+        return weft_error(comm, WEFT_ERR_REMOTE,
+                          "bootstrap: bad message from rank %d (magic %08x, %u bytes, expected %zu)",
+                          peer, get32(hdr), get32(hdr + 4), len);
+    return weft_sock_recv_all(fd, buf, len, deadline);
+}
+
+/* ---- root ------------------------------------------------------------------ */
+
+/* Root side of one incoming connection: handshake, then the info record. */
+struct pending {
+    struct weft_auth_acceptor acc;
+    bool authed;
+    size_t have;      /* bytes of hdr+info read after the handshake */
+    uint8_t *buf;     /* (8 + info_len) */
+};
+
+static void pending_drop(struct pending *p, int *npend, int i)
+{
+    close(p[i].acc.fd);
+    free(p[i].buf);
+    p[i] = p[--*npend];
+}
+
+static int root_listener(const struct weft_uid *uid, union weft_sockaddr *addr, int *lfd)
+{
+    const char *env = getenv(WEFT_ROOT_FD_ENV);
+    if (env && *env) {
+        char *end;
+        long fd = strtol(env, &end, 10);
+        union weft_sockaddr bound;
+        socklen_t blen = sizeof(bound);
+        unsetenv(WEFT_ROOT_FD_ENV); /* children of this rank must not adopt it */
+        if (*end == '\0' && fd >= 0 && fd < 65536 &&
+            getsockname((int)fd, &bound.sa, &blen) == 0 && bound.sa.sa_family == uid->root.sa.sa_family &&
+            (bound.sa.sa_family == AF_INET ? bound.in.sin_port == uid->root.in.sin_port
+                                           : bound.in6.sin6_port == uid->root.in6.sin6_port)) {
+            *lfd = (int)fd;
+            *addr = bound;
+            return WEFT_OK;
+        }
+        WEFT_INFO(WEFT_SUB_BOOT, "%s=%s is not the id's listener; binding the address instead",
+                  WEFT_ROOT_FD_ENV, env);
+    }
+    int held = weft_uid_take_listener(uid->job);
+    if (held >= 0) {
+        *lfd = held;
+        *addr = uid->root;
+        return WEFT_OK;
+    }
+    *addr = uid->root;
+    return weft_sock_listen(addr, lfd);
+}
+
+static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_uid *uid, int lfd,
+                                 const void *info, size_t info_len, void *all, uint64_t deadline)
+{
+    struct weft_comm *comm = bs->comm;
+    struct pending pend[MAX_PENDING];
+    struct pollfd pfd[MAX_PENDING + 1];
+    int npend = 0, joined = 1;
+    weft_status_t st = WEFT_OK;
+    memcpy(all, info, info_len);
+    while (joined < bs->nranks) {
+        int left = weft_ms_left(deadline);
+        if (left == 0) {
+            char missing[256];
+            size_t o = 0;
+            for (int r = 1; r < bs->nranks && o + 16 < sizeof(missing); r++)
+                if (bs->fds[r] < 0)
+                    o += (size_t)snprintf(missing + o, sizeof(missing) - o, "%s%d", o ? ", " : "", r);
+            st = weft_error(comm, WEFT_ERR_TIMEOUT,
+                            "bootstrap: %d of %d ranks joined before the deadline; missing rank%s %s",
+                            joined, bs->nranks, joined + 1 < bs->nranks ? "s" : "", missing);
+            goto out;
+        }
+        pfd[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
+        for (int i = 0; i < npend; i++)
+            pfd[i + 1] = (struct pollfd){
+                .fd = pend[i].acc.fd,
+                .events = pend[i].authed ? POLLIN : weft_auth_accept_events(&pend[i].acc)};
+        int wait = left < 0 || left > 200 ? 200 : left;
+        if (poll(pfd, (nfds_t)npend + 1, wait) < 0 && errno != EINTR) {
+            st = weft_error(comm, WEFT_ERR_SYSTEM, "bootstrap: poll: %s", strerror(errno));
+            goto out;
+        }
+        /* Advance every pending connection (also catches their deadlines). */
+        for (int i = 0; i < npend;) {
+            struct pending *p = &pend[i];
+            const char *why = NULL;
+            if (!p->authed) {
+                weft_status_t a = weft_auth_accept_step(&p->acc, uid->secret, uid->job, &why);
+                if (a == WEFT_INPROGRESS) {
+                    i++;
+                    continue;
+                }
+                if (a != WEFT_OK || p->acc.hello.kind != WEFT_AUTH_BOOTSTRAP) {
+                    WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: dropped a connection: %s",
+                              why ? why : "not a bootstrap connection");
+                    pending_drop(pend, &npend, i);
+                    continue;
+                }
+                if (p->acc.hello.nranks != (uint32_t)bs->nranks) {
+                    st = weft_error(comm, WEFT_ERR_INVALID_ARG,
+                                    "bootstrap: rank %u was started with nranks %u, rank 0 with %d",
+                                    p->acc.hello.rank, p->acc.hello.nranks, bs->nranks);
+                    goto out;
+                }
+                p->authed = true;
+                p->have = 0;
+                p->acc.deadline_ns = weft_now_ns() + (uint64_t)HANDSHAKE_MS * 1000000;
+            }
+            ssize_t n = recv(p->acc.fd, p->buf + p->have, 8 + info_len - p->have, MSG_DONTWAIT);
+            if (n > 0)
+                p->have += (size_t)n;
+            bool stale = weft_now_ns() > p->acc.deadline_ns;
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR) || stale) {
+                WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: rank %u %s before sending its info",
+                          p->acc.hello.rank, stale ? "timed out" : "disconnected");
+                pending_drop(pend, &npend, i);
+                continue;
+            }
+            if (p->have < 8 + info_len) {
+                i++;
+                continue;
+            }
+            uint32_t r = p->acc.hello.rank;
+            if (get32(p->buf) != BS_MAGIC || get32(p->buf + 4) != info_len) {
+                WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: rank %u sent a malformed info record", r);
+                pending_drop(pend, &npend, i);
+                continue;
+            }
+            if (r == 0 || bs->fds[r] >= 0) {
+                st = weft_error(comm, WEFT_ERR_INVALID_ARG,
+                                "bootstrap: two processes joined as rank %u", r);
+                goto out;
+            }
+            memcpy((char *)all + (size_t)r * info_len, p->buf + 8, info_len);
+            bs->fds[r] = p->acc.fd;
+            free(p->buf);
+            pend[i] = pend[--npend];
+            joined++;
+        }
+        if (pfd[0].revents & POLLIN) {
+            for (;;) {
+                int fd;
+                if (weft_sock_accept(lfd, &fd) != WEFT_OK || fd < 0)
+                    break;
+                if (npend == MAX_PENDING) {
+                    WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: %d unauthenticated connections pending; "
+                                             "dropping the oldest", MAX_PENDING);
+                    pending_drop(pend, &npend, 0);
+                }
+                struct pending *p = &pend[npend];
+                memset(p, 0, sizeof(*p));
+                p->buf = malloc(8 + info_len);
+                if (p->buf == NULL) {
+                    close(fd);
+                    st = weft_error(comm, WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
+                    goto out;
+                }
+                weft_auth_accept_begin(&p->acc, fd,
+                                       weft_now_ns() + (uint64_t)HANDSHAKE_MS * 1000000);
+                npend++;
+            }
+        }
+    }
+    /* Everyone is here: hand out the table. */
+    for (int r = 1; r < bs->nranks && st == WEFT_OK; r++)
+        st = msg_send(bs->fds[r], all, (size_t)bs->nranks * info_len, deadline);
+out:
+    while (npend > 0)
+        pending_drop(pend, &npend, 0);
+    return st;
+}
+
+weft_status_t weft_bootstrap_init(struct weft_comm *comm, const struct weft_uid *uid, int rank,
+                                  int nranks, const void *info, size_t info_len, void *all,
+                                  uint64_t deadline, struct weft_bootstrap **out)
+{
+    weft_status_t st = WEFT_OK;
+    struct weft_bootstrap *bs = calloc(1, sizeof(*bs));
+    if (bs == NULL)
+        return weft_error(comm, WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
+    bs->comm = comm;
+    bs->rank = rank;
+    bs->nranks = nranks;
+    bs->root_fd = -1;
+    char addr[96];
+    if (rank == 0) {
+        bs->fds = malloc((size_t)nranks * sizeof(int));
+        if (bs->fds == NULL) {
+            free(bs);
+            return weft_error(comm, WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
+        }
+        for (int i = 0; i < nranks; i++)
+            bs->fds[i] = -1;
+        union weft_sockaddr bound;
+        int lfd = -1;
+        if (nranks > 1) {
+            WEFT_CHECK_GOTO(root_listener(uid, &bound, &lfd), st, fail);
+            WEFT_INFO(WEFT_SUB_BOOT, "bootstrap: root listening on %s for %d ranks",
+                      weft_sock_str(&bound, addr, sizeof(addr)), nranks);
+        }
+        st = root_gather(bs, uid, lfd, info, info_len, all, deadline);
+        if (lfd >= 0)
+            close(lfd); /* nobody else may join: later strangers are refused */
+        if (st != WEFT_OK)
+            goto fail;
+    } else {
+        WEFT_CHECK_GOTO(weft_sock_connect(&uid->root, deadline, &bs->root_fd), st, fail);
+        struct weft_auth_hello hello = {.kind = WEFT_AUTH_BOOTSTRAP, .job = uid->job,
+                                        .rank = (uint32_t)rank, .nranks = (uint32_t)nranks};
+        const char *why = NULL;
+        st = weft_auth_connect(bs->root_fd, uid->secret, &hello, deadline, &why);
+        if (st != WEFT_OK) {
+            st = weft_error(comm, st, "bootstrap: handshake with root %s failed: %s",
+                            weft_sock_str(&uid->root, addr, sizeof(addr)), why ? why : "?");
+            goto fail;
+        }
+        WEFT_CHECK_GOTO(msg_send(bs->root_fd, info, info_len, deadline), st, fail);
+        st = msg_recv(comm, bs->root_fd, 0, all, (size_t)nranks * info_len, deadline);
+        if (st != WEFT_OK) {
+            char why2[WEFT_ERRMSG_LEN];
+            st = weft_error(comm, st, "bootstrap: waiting for the rank table from root %s: %s",
+                            weft_sock_str(&uid->root, addr, sizeof(addr)),
+                            weft_comm_last_error_copy(comm, why2, sizeof(why2)));
+            goto fail;
+        }
+    }
+    *out = bs;
+    return WEFT_OK;
+fail:
+    weft_bootstrap_close(bs);
+    return st;
+}
+
+weft_status_t weft_bootstrap_allgather(struct weft_bootstrap *bs, const void *mine, void *all,
+                                       size_t len, uint64_t deadline)
+{
+    if (bs->rank != 0) {
+        WEFT_CHECK(msg_send(bs->root_fd, mine, len, deadline));
+        return msg_recv(bs->comm, bs->root_fd, 0, all, (size_t)bs->nranks * len, deadline);
+    }
+    memcpy(all, mine, len);
+    for (int r = 1; r < bs->nranks; r++)
+        WEFT_CHECK(msg_recv(bs->comm, bs->fds[r], r, (char *)all + (size_t)r * len, len, deadline));
+    for (int r = 1; r < bs->nranks; r++)
+        WEFT_CHECK(msg_send(bs->fds[r], all, (size_t)bs->nranks * len, deadline));
+    return WEFT_OK;
+}
+
+weft_status_t weft_bootstrap_barrier(struct weft_bootstrap *bs, uint64_t deadline)
+{
+    uint8_t one = 1;
+    uint8_t *all = malloc((size_t)bs->nranks);
+    if (all == NULL)
+        return weft_error(bs->comm, WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
+    weft_status_t st = weft_bootstrap_allgather(bs, &one, all, 1, deadline);
+    free(all);
+    return st;
+}
+
+void weft_bootstrap_close(struct weft_bootstrap *bs)
+{
+    if (bs == NULL)
+        return;
+    if (bs->root_fd >= 0)
+        close(bs->root_fd);
+    if (bs->fds)
+        for (int i = 0; i < bs->nranks; i++)
+            if (bs->fds[i] >= 0)
+                close(bs->fds[i]);
+    free(bs->fds);
+    free(bs);
+}

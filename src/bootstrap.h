@@ -1,0 +1,52 @@
+/*
+ * bootstrap.h - the unique id and the authenticated TCP rendezvous.
+ *
+ * The id (128 bytes) holds the root's address, a protocol version, a job
+ * number and the 128-bit job secret.  Rank 0 is the root: every rank
+ * connects to it, proves knowledge of the secret, sends its info; the root
+ * answers with the table of every rank's info.  The connections stay open
+ * and carry out-of-band allgather and barrier afterwards.
+ */
+#ifndef WEFT_BOOTSTRAP_H
+#define WEFT_BOOTSTRAP_H
+
+#include "auth.h"
+#include "internal.h"
+#include "sock.h"
+
+/* A launcher that already bound the root's listening socket hands it to
+ * rank 0 through this variable (the fd number, inherited across exec). */
+#define WEFT_ROOT_FD_ENV "WEFT_ROOT_FD"
+
+struct weft_uid {
+    union weft_sockaddr root;
+    uint8_t secret[WEFT_SECRET_BYTES];
+    uint64_t job;
+};
+
+/* Builds an id for root; secret NULL draws a random one. */
+weft_status_t weft_uid_make(weft_unique_id_t *id, const union weft_sockaddr *root,
+                            const uint8_t *secret) WEFT_HIDDEN;
+weft_status_t weft_uid_parse(const weft_unique_id_t *id, struct weft_uid *out) WEFT_HIDDEN;
+/* 2 * WEFT_UNIQUE_ID_BYTES hex digits + NUL. */
+#define WEFT_UID_HEX_LEN (2 * WEFT_UNIQUE_ID_BYTES + 1)
+void weft_uid_to_hex(const weft_unique_id_t *id, char *hex) WEFT_HIDDEN;
+weft_status_t weft_uid_from_hex(const char *hex, weft_unique_id_t *id) WEFT_HIDDEN;
+
+/* weft_get_unique_id keeps the listener it opened for the id's job; rank 0
+ * of that job takes it over here.  Returns the fd, or -1 when none is held. */
+int weft_uid_take_listener(uint64_t job) WEFT_HIDDEN;
+
+struct weft_bootstrap;
+/* Rendezvous: every rank contributes info_len bytes and gets all ranks'
+ * (all: nranks * info_len, rank order).  Bounded by deadline_ns; a rank
+ * that never arrives is named in the error. */
+weft_status_t weft_bootstrap_init(struct weft_comm *comm, const struct weft_uid *uid, int rank,
+                                  int nranks, const void *info, size_t info_len, void *all,
+                                  uint64_t deadline_ns, struct weft_bootstrap **out) WEFT_HIDDEN;
+weft_status_t weft_bootstrap_allgather(struct weft_bootstrap *bs, const void *mine, void *all,
+                                       size_t len, uint64_t deadline_ns) WEFT_HIDDEN;
+weft_status_t weft_bootstrap_barrier(struct weft_bootstrap *bs, uint64_t deadline_ns) WEFT_HIDDEN;
+void weft_bootstrap_close(struct weft_bootstrap *bs) WEFT_HIDDEN; /* NULL ok */
+
+#endif /* WEFT_BOOTSTRAP_H */

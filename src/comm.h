@@ -1,0 +1,54 @@
+/*
+ * comm.h - the communicator: who we are, how to reach every peer, the
+ * engine that runs our operations and the sticky error record.
+ */
+#ifndef WEFT_COMM_H
+#define WEFT_COMM_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "internal.h"
+
+#define WEFT_ERRMSG_LEN 512
+
+struct weft_bootstrap;
+struct weft_engine;
+struct weft_transport_ops;
+
+/*
+ * Owner: the application (created by weft_comm_init*, freed by
+ * weft_comm_destroy/abort).  Invariants: rank < nranks; conns[rank] is
+ * NULL and every other conns[i] is a live transport connection; `error`
+ * is WEFT_OK until the first fatal failure and never changes after that.
+ */
+struct weft_comm {
+    int rank, nranks;
+    uint64_t job;                      /* identity, covered by every handshake */
+    uint8_t secret[16];
+    uint64_t timeout_ns;               /* WEFT_TIMEOUT_MS */
+    struct weft_bootstrap *bs;
+    const struct weft_transport_ops *tops;
+    void *tctx;
+    void **conns;                      /* (nranks) */
+    uint8_t taddr[128];                /* our published transport address */
+    size_t taddr_len;                  /* (tcp: a union weft_sockaddr) */
+    struct weft_engine *eng;
+    _Atomic int error;                 /* sticky weft_status_t */
+    _Atomic int aborting;              /* weft_comm_abort in progress */
+    pthread_mutex_t err_mu;
+    char last_error[WEFT_ERRMSG_LEN];  /* guarded by err_mu */
+};
+
+/* Stores msg as comm's last error (thread-safe). */
+void weft_comm_record_error(struct weft_comm *comm, const char *msg) WEFT_HIDDEN;
+/* Makes status the sticky error of comm if it has none yet; returns the
+ * sticky error. */
+weft_status_t weft_comm_fail(struct weft_comm *comm, weft_status_t status) WEFT_HIDDEN;
+/* True when comm is a live communicator (created and not yet destroyed). */
+bool weft_comm_valid(struct weft_comm *comm) WEFT_HIDDEN;
+const char *weft_thread_last_error(void) WEFT_HIDDEN;
+/* Copies comm's last error into buf (thread-safe); returns buf. */
+const char *weft_comm_last_error_copy(struct weft_comm *comm, char *buf, size_t len) WEFT_HIDDEN;
+
+#endif /* WEFT_COMM_H */

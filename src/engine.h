@@ -1,0 +1,54 @@
+/*
+ * engine.h - runs operations: each is a schedule (algorithms/schedule.h)
+ * executed over the communicator's transport connections, several chunks in
+ * flight, receive-and-reduce fused per chunk.  Operations of one
+ * communicator complete in issue order; consecutive ones may overlap on the
+ * wire because per-peer message order is kept across them.
+ */
+#ifndef WEFT_ENGINE_H
+#define WEFT_ENGINE_H
+
+#include "comm.h"
+#include "internal.h"
+
+struct weft_op;
+struct weft_engine;
+
+/* A validated call: count as in struct weft_coll_desc; peer for send/recv
+ * is in root. */
+struct weft_op_args {
+    int coll; /* enum weft_coll */
+    const void *sendbuf;
+    void *recvbuf;
+    size_t count;
+    weft_dtype_t dtype;
+    weft_op_t op;
+    int root;
+};
+
+weft_status_t weft_engine_create(struct weft_comm *comm, struct weft_engine **out) WEFT_HIDDEN;
+/* Stops the progress thread and frees everything; ops must be finished
+ * (weft_engine_drain) or failed (weft_engine_abort) first.  NULL ok. */
+void weft_engine_destroy(struct weft_engine *eng) WEFT_HIDDEN;
+
+/* Builds (or takes from the cache) the op's schedule. */
+weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_args *args,
+                                 struct weft_op **out) WEFT_HIDDEN;
+/* Queues op; it may start moving at once.  With background = true the
+ * progress thread is started (non-blocking calls). */
+void weft_engine_submit(struct weft_comm *comm, struct weft_op *op, bool background) WEFT_HIDDEN;
+/* Waits for op (driving progress when no one else does), frees it and
+ * returns its status. */
+weft_status_t weft_engine_wait(struct weft_comm *comm, struct weft_op *op) WEFT_HIDDEN;
+/* *done = 1: op finished and was freed, the return value is its status. */
+weft_status_t weft_engine_test(struct weft_comm *comm, struct weft_op *op, int *done) WEFT_HIDDEN;
+/* Frees an op that was never submitted. */
+void weft_engine_op_free(struct weft_comm *comm, struct weft_op *op) WEFT_HIDDEN;
+/* Waits until every submitted op has finished. */
+weft_status_t weft_engine_drain(struct weft_comm *comm) WEFT_HIDDEN;
+/* Fails every pending op with status and wakes all waiters; returns once
+ * no thread is driving progress. */
+void weft_engine_abort(struct weft_comm *comm, weft_status_t status) WEFT_HIDDEN;
+struct weft_comm *weft_op_comm(struct weft_op *op) WEFT_HIDDEN;
+
+#endif /* WEFT_ENGINE_H */

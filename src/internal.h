@@ -1,0 +1,126 @@
+/*
+ * internal.h - what every part of the library shares: status checks,
+ * logging, parameters, clocks and the error record of a communicator.
+ * Nothing here is installed or exported.
+ */
+#ifndef WEFT_INTERNAL_H
+#define WEFT_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "weft.h"
+
+#define WEFT_HIDDEN __attribute__((visibility("hidden")))
+#define WEFT_EXPORT __attribute__((visibility("default")))
+#define WEFT_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define WEFT_LIKELY(x) __builtin_expect(!!(x), 1)
+#define WEFT_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define WEFT_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define WEFT_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define WEFT_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+struct weft_comm;
+
+/* ---- logging (src/log.c) -------------------------------------------- */
+enum weft_log_level { WEFT_LOG_NONE = 0, WEFT_LOG_WARN, WEFT_LOG_INFO, WEFT_LOG_TRACE };
+enum weft_subsys {
+    WEFT_SUB_INIT = 1u << 0,
+    WEFT_SUB_NET = 1u << 1,
+    WEFT_SUB_COLL = 1u << 2,
+    WEFT_SUB_BOOT = 1u << 3,
+    WEFT_SUB_ENV = 1u << 4,
+    WEFT_SUB_ALL = ~0u
+};
+extern int weft_log_level_ WEFT_HIDDEN;          /* set once by weft_log_init */
+extern unsigned weft_log_subsys_ WEFT_HIDDEN;
+void weft_log_init(void) WEFT_HIDDEN;            /* idempotent, thread-safe */
+void weft_log_set_rank(int rank) WEFT_HIDDEN;    /* per thread: the "host:pid:rank" prefix */
+void weft_log(int level, unsigned subsys, const char *file, int line, const char *fmt, ...)
+    WEFT_HIDDEN WEFT_PRINTF(5, 6);
+#define WEFT_LOG_(lvl, sub, ...)                                                       \
+    do {                                                                               \
+        if (WEFT_UNLIKELY(weft_log_level_ >= (lvl)) && (weft_log_subsys_ & (sub)))     \
+            weft_log((lvl), (sub), __FILE__, __LINE__, __VA_ARGS__);                   \
+    } while (0)
+#define WEFT_WARN(sub, ...) WEFT_LOG_(WEFT_LOG_WARN, sub, __VA_ARGS__)
+#define WEFT_INFO(sub, ...) WEFT_LOG_(WEFT_LOG_INFO, sub, __VA_ARGS__)
+#define WEFT_TRACE(sub, ...) WEFT_LOG_(WEFT_LOG_TRACE, sub, __VA_ARGS__)
+
+/* Breadcrumbs on the way up: at TRACE each failed check logs file:line. */
+#define WEFT_CHECK(call)                                                               \
+    do {                                                                               \
+        weft_status_t s_ = (call);                                                     \
+        if (WEFT_UNLIKELY(s_ < 0)) {                                                   \
+            WEFT_TRACE(WEFT_SUB_ALL, "%s -> %s", #call, weft_status_string(s_));       \
+            return s_;                                                                 \
+        }                                                                              \
+    } while (0)
+#define WEFT_CHECK_GOTO(call, st, label)                                               \
+    do {                                                                               \
+        (st) = (call);                                                                 \
+        if (WEFT_UNLIKELY((st) < 0)) {                                                 \
+            WEFT_TRACE(WEFT_SUB_ALL, "%s -> %s", #call, weft_status_string(st));       \
+            goto label;                                                                \
+        }                                                                              \
+    } while (0)
+
+/* ---- error record (src/log.c) ----------------------------------------- */
+/* Records msg as comm's last error (or the thread's, comm == NULL), logs it
+ * at WARN when status is an error, and returns status so callers can write
+ * `return weft_error(comm, WEFT_ERR_..., "...")`. */
+weft_status_t weft_error(struct weft_comm *comm, weft_status_t status, const char *fmt, ...)
+    WEFT_HIDDEN WEFT_PRINTF(3, 4);
+/* Same, without logging: for argument errors the caller sees directly. */
+weft_status_t weft_error_quiet(struct weft_comm *comm, weft_status_t status, const char *fmt, ...)
+    WEFT_HIDDEN WEFT_PRINTF(3, 4);
+/* errno -> status: ENOMEM -> NO_MEMORY, ETIMEDOUT -> TIMEOUT,
+ * ECONNRESET/EPIPE/ECONNREFUSED -> REMOTE, else SYSTEM. */
+weft_status_t weft_errno_status(int err) WEFT_HIDDEN;
+
+/* ---- parameters (src/param.c) ------------------------------------------ */
+/* One table of every environment parameter, read once.  The getters take
+ * the full name ("WEFT_SOCKET_NSTREAMS"); asking for a name missing from
+ * the table is a programming error caught by the tests. */
+int64_t weft_param_int(const char *name) WEFT_HIDDEN;
+const char *weft_param_str(const char *name) WEFT_HIDDEN; /* never NULL */
+struct weft_param_desc {
+    const char *name;
+    const char *type; /* "int" or "str" */
+    const char *dflt;
+    const char *doc;
+};
+/* The table, for weft-info --params and the README. */
+const struct weft_param_desc *weft_param_table(size_t *n) WEFT_HIDDEN;
+/* Parses "123", "4K", "2M", "1G" (binary units); false on junk/overflow. */
+bool weft_parse_size(const char *s, int64_t *out) WEFT_HIDDEN;
+
+/* ---- time ---------------------------------------------------------------- */
+static inline uint64_t weft_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+/* Milliseconds left until deadline (ns), clamped at 0; -1 if none. */
+static inline int weft_ms_left(uint64_t deadline_ns)
+{
+    if (deadline_ns == 0)
+        return -1;
+    uint64_t now = weft_now_ns();
+    if (now >= deadline_ns)
+        return 0;
+    uint64_t ms = (deadline_ns - now + 999999) / 1000000;
+    return ms > 0x7fffffff ? 0x7fffffff : (int)ms;
+}
+
+/* ---- memory -------------------------------------------------------------- */
+/* Page-aligned, touched once, huge pages asked for when large.  Freed with
+ * weft_buf_free(p, bytes). */
+void *weft_buf_alloc(size_t bytes) WEFT_HIDDEN;
+void weft_buf_free(void *p, size_t bytes) WEFT_HIDDEN;
+
+#endif /* WEFT_INTERNAL_H */

@@ -1,0 +1,192 @@
+/*
+ * log.c - logging (WEFT_DEBUG, WEFT_DEBUG_SUBSYS, WEFT_DEBUG_FILE), status
+ * strings and the last-error records of communicators and threads.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "internal.h"
+
+int weft_log_level_ = WEFT_LOG_WARN;
+unsigned weft_log_subsys_ = WEFT_SUB_ALL;
+
+static FILE *log_file;
+static char log_host[64];
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static __thread int log_rank = -1;
+static __thread char thread_error[WEFT_ERRMSG_LEN];
+
+static const struct {
+    const char *name;
+    unsigned bit;
+} subsys_names[] = {
+    {"INIT", WEFT_SUB_INIT}, {"NET", WEFT_SUB_NET}, {"COLL", WEFT_SUB_COLL},
+    {"BOOT", WEFT_SUB_BOOT}, {"ENV", WEFT_SUB_ENV}, {"ALL", WEFT_SUB_ALL},
+};
+
+static unsigned parse_subsys(const char *spec)
+{
+    if (spec == NULL || *spec == '\0')
+        return WEFT_SUB_ALL;
+    bool negate = spec[0] == '^';
+    unsigned mask = 0;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", spec + negate);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        for (size_t i = 0; i < WEFT_ARRAY_SIZE(subsys_names); i++)
+            if (strcasecmp(tok, subsys_names[i].name) == 0)
+                mask |= subsys_names[i].bit;
+    }
+    return negate ? ~mask : mask;
+}
+
+static void log_init_once(void)
+{
+    const char *lvl = weft_param_str("WEFT_DEBUG");
+    if (strcasecmp(lvl, "NONE") == 0 || strcasecmp(lvl, "OFF") == 0)
+        weft_log_level_ = WEFT_LOG_NONE;
+    else if (strcasecmp(lvl, "INFO") == 0)
+        weft_log_level_ = WEFT_LOG_INFO;
+    else if (strcasecmp(lvl, "TRACE") == 0)
+        weft_log_level_ = WEFT_LOG_TRACE;
+    else
+        weft_log_level_ = WEFT_LOG_WARN;
+    weft_log_subsys_ = parse_subsys(weft_param_str("WEFT_DEBUG_SUBSYS"));
+    gethostname(log_host, sizeof(log_host) - 1);
+    char *dot = strchr(log_host, '.');
+    if (dot)
+        *dot = '\0';
+    const char *path = weft_param_str("WEFT_DEBUG_FILE");
+    if (*path) {
+        /* %h host, %p pid, as NCCL_DEBUG_FILE does. */
+        char name[512];
+        size_t o = 0;
+        for (const char *c = path; *c && o + 32 < sizeof(name); c++) {
+            if (c[0] == '%' && c[1] == 'h') {
+                o += (size_t)snprintf(name + o, sizeof(name) - o, "%s", log_host);
+                c++;
+            } else if (c[0] == '%' && c[1] == 'p') {
+                o += (size_t)snprintf(name + o, sizeof(name) - o, "%d", (int)getpid());
+                c++;
+            } else {
+                name[o++] = *c;
+            }
+        }
+        name[o] = '\0';
+        log_file = fopen(name, "a");
+        if (log_file == NULL)
+            fprintf(stderr, "weft: cannot open WEFT_DEBUG_FILE %s: %s; logging to stderr\n", name,
+                    strerror(errno));
+    }
+}
+
+void weft_log_init(void)
+{
+    pthread_once(&log_once, log_init_once);
+}
+
+void weft_log_set_rank(int rank)
+{
+    log_rank = rank;
+}
+
+void weft_log(int level, unsigned subsys, const char *file, int line, const char *fmt, ...)
+{
+    static const char *const names[] = {"", "WARN", "INFO", "TRACE"};
+    weft_log_init();
+    if (level > weft_log_level_ || !(weft_log_subsys_ & subsys))
+        return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    const char *base = strrchr(file, '/');
+    FILE *out = log_file ? log_file : stderr;
+    pthread_mutex_lock(&log_mu);
+    if (level == WEFT_LOG_TRACE)
+        fprintf(out, "%s:%d:%d weft %s %s:%d %s\n", log_host, (int)getpid(), log_rank,
+                names[level], base ? base + 1 : file, line, msg);
+    else
+        fprintf(out, "%s:%d:%d weft %s %s\n", log_host, (int)getpid(), log_rank, names[level], msg);
+    fflush(out);
+    pthread_mutex_unlock(&log_mu);
+}
+
+const char *weft_status_string(weft_status_t status)
+{
+    switch (status) {
+    case WEFT_OK: return "success";
+    case WEFT_INPROGRESS: return "in progress";
+    case WEFT_ERR_INVALID_ARG: return "invalid argument";
+    case WEFT_ERR_NO_MEMORY: return "out of memory";
+    case WEFT_ERR_SYSTEM: return "system error";
+    case WEFT_ERR_REMOTE: return "remote peer failed";
+    case WEFT_ERR_TIMEOUT: return "timed out";
+    case WEFT_ERR_ABORTED: return "aborted";
+    case WEFT_ERR_UNSUPPORTED: return "unsupported";
+    case WEFT_ERR_INTERNAL: return "internal error";
+    case WEFT_ERR_MISMATCH: return "collective mismatch between ranks";
+    }
+    return "unknown status";
+}
+
+static weft_status_t record(struct weft_comm *comm, bool log, weft_status_t status,
+                            const char *fmt, va_list ap)
+{
+    char msg[WEFT_ERRMSG_LEN];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    if (comm != NULL)
+        weft_comm_record_error(comm, msg);
+    else
+        snprintf(thread_error, sizeof(thread_error), "%s", msg);
+    if (log && status < 0)
+        WEFT_WARN(WEFT_SUB_ALL, "%s: %s", weft_status_string(status), msg);
+    return status;
+}
+
+weft_status_t weft_error(struct weft_comm *comm, weft_status_t status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    record(comm, true, status, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+weft_status_t weft_error_quiet(struct weft_comm *comm, weft_status_t status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    record(comm, false, status, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+const char *weft_thread_last_error(void)
+{
+    return thread_error;
+}
+
+weft_status_t weft_errno_status(int err)
+{
+    switch (err) {
+    case ENOMEM: return WEFT_ERR_NO_MEMORY;
+    case ETIMEDOUT: return WEFT_ERR_TIMEOUT;
+    case ECONNRESET:
+    case EPIPE:
+    case ECONNREFUSED:
+    case ECONNABORTED:
+    case EHOSTUNREACH:
+    case ENETUNREACH: return WEFT_ERR_REMOTE;
+    default: return WEFT_ERR_SYSTEM;
+    }
+}

@@ -1,0 +1,106 @@
+/*
+ * param.c - the one table of environment parameters: name, type, default
+ * and a line of documentation.  Each is read once per process, the first
+ * time anyone asks.  `weft-info --params` and the README print this table.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static const struct weft_param_desc table[] = {
+    {"WEFT_DEBUG", "str", "WARN", "log level: NONE, WARN, INFO or TRACE"},
+    {"WEFT_DEBUG_SUBSYS", "str", "ALL", "log subsystems: INIT,NET,COLL,BOOT,ENV,ALL (^ excludes)"},
+    {"WEFT_DEBUG_FILE", "str", "", "log to this file instead of stderr (%h host, %p pid)"},
+    {"WEFT_TIMEOUT_MS", "int", "300000",
+     "deadline for init and for any operation that makes no progress"},
+    {"WEFT_SOCKET_IFNAME", "str", "",
+     "interfaces to use (NCCL syntax: eth,ib prefixes; ^ excludes; = exact)"},
+    {"WEFT_SOCKET_NSTREAMS", "int", "1", "TCP connections per peer and direction (1-16)"},
+    {"WEFT_SOCKET_BUFSIZE", "int", "4194304", "TCP socket send/receive buffer bytes (0: kernel's)"},
+    {"WEFT_CHUNK_SIZE", "int", "524288", "bytes one pipelined step carries"},
+    {"WEFT_STAGING_SLOTS", "int", "16", "receive-reduce chunks in flight per communicator"},
+    {"WEFT_SPIN_US", "int", "40", "microseconds to poll busily before sleeping in poll()"},
+    {"WEFT_UNIQUE_ID", "str", "", "weft_comm_init_env: the unique id in hex (set by weftrun)"},
+    {"WEFT_ROOT", "str", "", "weft_comm_init_env: host:port where rank 0 listens (torchrun style)"},
+    {"WEFT_SECRET", "str", "", "weft_comm_init_env with WEFT_ROOT: shared job secret"},
+    {"WEFT_RANK", "str", "", "weft_comm_init_env: this process's rank"},
+    {"WEFT_NRANKS", "str", "", "weft_comm_init_env: number of ranks"},
+};
+
+static char *values[WEFT_ARRAY_SIZE(table)];
+static int64_t ints[WEFT_ARRAY_SIZE(table)];
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+bool weft_parse_size(const char *s, int64_t *out)
+{
+    if (s == NULL || *s == '\0')
+        return false;
+    errno = 0;
+    char *end;
+    long long v = strtoll(s, &end, 0);
+    if (errno != 0 || end == s)
+        return false;
+    int shift = 0;
+    switch (*end) {
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    default: break;
+    }
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end != '\0')
+        return false;
+    if (v < 0 ? v < (INT64_MIN >> shift) : v > (INT64_MAX >> shift))
+        return false;
+    *out = (int64_t)v * ((int64_t)1 << shift);
+    return true;
+}
+
+static void load(void)
+{
+    for (size_t i = 0; i < WEFT_ARRAY_SIZE(table); i++) {
+        const char *env = getenv(table[i].name);
+        values[i] = strdup(env ? env : table[i].dflt);
+        if (strcmp(table[i].type, "int") != 0)
+            continue;
+        if (!weft_parse_size(values[i], &ints[i])) {
+            /* A bad value must not silently become 0: warn and keep the default. */
+            fprintf(stderr, "weft: %s=\"%s\" is not a number; using the default %s\n",
+                    table[i].name, values[i], table[i].dflt);
+            weft_parse_size(table[i].dflt, &ints[i]);
+        }
+    }
+}
+
+static size_t find(const char *name)
+{
+    pthread_once(&once, load);
+    for (size_t i = 0; i < WEFT_ARRAY_SIZE(table); i++)
+        if (strcmp(table[i].name, name) == 0)
+            return i;
+    fprintf(stderr, "weft: internal error: unknown parameter %s\n", name);
+    return WEFT_ARRAY_SIZE(table);
+}
+
+int64_t weft_param_int(const char *name)
+{
+    size_t i = find(name);
+    return i < WEFT_ARRAY_SIZE(table) ? ints[i] : 0;
+}
+
+const char *weft_param_str(const char *name)
+{
+    size_t i = find(name);
+    return i < WEFT_ARRAY_SIZE(table) && values[i] ? values[i] : "";
+}
+
+const struct weft_param_desc *weft_param_table(size_t *n)
+{
+    *n = WEFT_ARRAY_SIZE(table);
+    return table;
+}

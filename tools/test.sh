@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite: build (installing what is missing), then make check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./tools/build.sh "$@"
+cd build
+if ! make -j1 check; then
+    cat tests/*.log 2>/dev/null | tail -n 200
+    exit 1
+fi

@@ -1,0 +1,70 @@
+/*
+ * transport.h - the one vtable every transport implements (tcp now; shm and
+ * verbs later).  Shaped after NCCL's net plugin: a per-communicator context,
+ * a connection per peer, non-blocking isend/irecv/test, optional memory
+ * registration and one-sided put-with-notify, and an explicit progress call.
+ * Transports move bytes between pairs and know nothing about collectives.
+ */
+#ifndef WEFT_TRANSPORT_H
+#define WEFT_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/internal.h"
+#include "src/sock.h"
+
+#define WEFT_TRANSPORT_ADDR_MAX 128 /* bytes of a published address */
+
+struct weft_transport_init {
+    struct weft_comm *comm;     /* error records go here (weft_error) */
+    int rank, nranks;
+    uint64_t job;               /* communicator identity, covered by the handshake */
+    const uint8_t *secret;      /* WEFT_SECRET_BYTES, authenticates every connection */
+    union weft_sockaddr local;  /* interface address to listen on (port 0) */
+    uint64_t timeout_ns;        /* WEFT_TIMEOUT_MS: bound on connection setup */
+};
+
+/*
+ * Ownership: the transport owns ctx, conns and requests; the caller owns the
+ * buffers, which stay borrowed until test() reports the request done.
+ * Matching: on one conn, the k-th isend of A to B lands in the k-th irecv B
+ * posts for A.  A message longer than the posted receive is an error on
+ * both sides; a shorter one completes with its length in *bytes.
+ * A failed connection fails every request on it with WEFT_ERR_REMOTE (the
+ * message names the peer); other peers carry on.
+ */
+struct weft_transport_ops {
+    const char *name;
+    /* Opens the transport for one rank: starts listening, writes the
+     * address peers connect to (at most WEFT_TRANSPORT_ADDR_MAX bytes). */
+    weft_status_t (*init)(const struct weft_transport_init *args, void **ctx, void *addr,
+                          size_t *addrlen);
+    /* Binds peer's published address to a conn; the transport may connect
+     * now or on first use. */
+    weft_status_t (*connect)(void *ctx, int peer, const void *addr, size_t addrlen, void **conn);
+    /* Optional (NULL in tcp): memory handles for zero-copy transports. */
+    weft_status_t (*reg_mem)(void *ctx, void *buf, size_t bytes, void **mh);
+    weft_status_t (*dereg_mem)(void *ctx, void *mh);
+    weft_status_t (*isend)(void *conn, const void *buf, size_t bytes, void *mh, void **req);
+    weft_status_t (*irecv)(void *conn, void *buf, size_t bytes, void *mh, void **req);
+    /* *done = 1: the request is finished and freed; *bytes holds the length
+     * moved.  An error return also frees the request. */
+    weft_status_t (*test)(void *req, int *done, size_t *bytes);
+    /* Optional (NULL in tcp): one-sided write into a registered remote
+     * region with a notification the peer sees as a completed irecv. */
+    weft_status_t (*put_notify)(void *conn, const void *buf, size_t bytes, void *mh,
+                                uint64_t remote_off, void **req);
+    /* Moves bytes on every connection and accepts new ones; waits at most
+     * timeout_ms (0: do not wait) for something to happen.  Returns an error
+     * only when the whole context is unusable. */
+    weft_status_t (*progress)(void *ctx, int timeout_ms);
+    /* Makes a progress() blocked in its wait return soon; any thread. */
+    void (*wakeup)(void *ctx);
+    /* Closes every connection, fails pending requests, frees ctx.  NULL ok. */
+    void (*finalize)(void *ctx);
+};
+
+extern const struct weft_transport_ops weft_tcp_ops WEFT_HIDDEN;
+
+#endif /* WEFT_TRANSPORT_H */
