@@ -23,6 +23,7 @@
 #define PERF_MAX_ELEM 8
 #define PERF_TAB_BYTES (2 * PERF_PERIOD * PERF_MAX_ELEM)
 #define PERF_HUGE (2u << 20)
+#define PERF_MAX_REPORTS 8 /* per rank, so a broken build does not flood stderr */
 
 static const char *const dtype_names[WEFT_NUM_DTYPES] = {
     "int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16"};
@@ -170,16 +171,18 @@ static double value_load(weft_dtype_t t, const void *src)
  * The inputs.  Rank r's element i holds pattern_value(p, r, i % PERF_PERIOD);
  * every value is a small integer, chosen per op so that every partial result
  * of any reduction order is exactly representable in the dtype.  With
- * k = (key + r) % PERIOD:
+ * k = (key + r) % PERIOD and x = (37k^2 + 11k) % PERIOD (a scramble, so that
+ * no shift of a chunk maps the pattern onto itself):
  *   RAW  (no reduction, MIN, MAX): k - 125 (k for unsigned types)
- *   SUM  (and integer AVG): 0 unless d divides k; else x = k / d and
- *        x % (2a+1) - a  (x % (a+1) unsigned); so |sum of any subset| <= bound
- *   PROD: 2 where m divides k, else -1 where k % 3 == 1 (signed), else 1
+ *   SUM  (and integer AVG): 0 unless d divides x; else y = x / d and
+ *        y % (2a+1) - a  (y % (a+1) unsigned); |sum of any subset| <= bound
+ *   PROD: 2 where m divides x, else -1 where x % 3 == 1 (signed), else 1
  *   FAVG (float AVG): w + e with w = key % (2a+1) - a shared by all ranks and
  *        e = +-s for the two ranks of a pair (2j, 2j+1), s in {-1,0,1} from
  *        kp = (key + j) % PERIOD (0 unless d divides kp), 0 for an odd last
  *        rank; so the sum is exactly n*w and the average exactly w.
- * a, d and m are picked by pattern_fit from the rank count and the dtype.
+ * a, d and m are picked by pattern_fit from the rank count and the dtype;
+ * d == 0 or m == 0 means "never", the fallback that is exact for any n.
  */
 typedef enum { GEN_RAW, GEN_SUM, GEN_PROD, GEN_FAVG } gen_kind_t;
 
@@ -197,27 +200,27 @@ typedef struct {
 static double pattern_value(const perf_pattern_t *p, int r, unsigned key)
 {
     unsigned k = (key + (unsigned)r % PERF_PERIOD) % PERF_PERIOD;
+    unsigned x = (37 * k * k + 11 * k) % PERF_PERIOD;
     switch (p->kind) {
     case GEN_RAW:
         return p->is_signed ? (double)k - 125.0 : (double)k;
-    case GEN_SUM: {
-        if (k % p->d)
+    case GEN_SUM:
+        if (p->d == 0 || x % p->d)
             return 0.0;
-        unsigned x = k / p->d;
+        x /= p->d;
         if (p->is_signed)
             return (double)(x % (2 * p->a + 1)) - (double)p->a;
         return (double)(x % (p->a + 1));
-    }
     case GEN_PROD:
-        if (k % p->m == 0)
+        if (p->m && x % p->m == 0)
             return 2.0;
-        return (p->is_signed && k % 3 == 1) ? -1.0 : 1.0;
+        return (p->is_signed && x % 3 == 1) ? -1.0 : 1.0;
     case GEN_FAVG: {
         double w = (double)(key % (2 * p->a + 1)) - (double)p->a;
         if ((r ^ 1) >= p->nranks)
             return w;
         unsigned kp = (key + (unsigned)(r / 2) % PERF_PERIOD) % PERF_PERIOD;
-        if (kp % p->d)
+        if (p->d == 0 || kp % p->d)
             return w;
         double s = (double)((kp / p->d) % 3) - 1.0;
         return w + ((r & 1) ? -s : s);
@@ -248,9 +251,8 @@ static int pattern_exact(const perf_pattern_t *p)
     return 1;
 }
 
-/* Picks the densest inputs that stay exact; 0 when none do (tens of
- * thousands of ranks on an 8-bit type), and the check is then skipped. */
-static int pattern_fit(perf_pattern_t *p, weft_dtype_t dtype, weft_op_t op, int reduces,
+/* Picks the densest inputs that stay exact; sparser ones as ranks grow. */
+static void pattern_fit(perf_pattern_t *p, weft_dtype_t dtype, weft_op_t op, int reduces,
                        int nranks)
 {
     memset(p, 0, sizeof(*p));
@@ -262,22 +264,28 @@ static int pattern_fit(perf_pattern_t *p, weft_dtype_t dtype, weft_op_t op, int 
     p->a = p->d = p->m = 1;
     if (!reduces || op == WEFT_MAX || op == WEFT_MIN) {
         p->kind = GEN_RAW;
-        return 1;
+        return;
     }
     if (op == WEFT_PROD) {
         p->kind = GEN_PROD;
         for (p->m = 2; p->m <= 256; p->m *= 2)
             if (pattern_exact(p))
-                return 1;
-        return 0;
+                return;
+        p->m = 0; /* only +-1: exact for any n */
+        return;
     }
     p->kind = (op == WEFT_AVG && dtype_is_float(dtype)) ? GEN_FAVG : GEN_SUM;
+    /* Amplitudes as large as the dtype allows (up to 100), so that an average
+     * over many ranks still spreads over many values. */
     unsigned amin = p->kind == GEN_FAVG ? 0 : 1;
+    double room = dtype_exact_bound(dtype) / nranks - (p->kind == GEN_FAVG ? 1.0 : 0.0);
+    unsigned astart = room >= 100.0 ? 100u : room >= amin ? (unsigned)room : amin;
     for (p->d = 1; p->d <= 256; p->d *= 2)
-        for (p->a = 3; p->a + 1 > amin; p->a--)
+        for (p->a = astart; p->a + 1 > amin; p->a--)
             if (pattern_exact(p))
-                return 1;
-    return 0;
+                return;
+    p->d = 0; /* all zeros (SUM) or the shared w = 0 (FAVG): exact for any n */
+    p->a = amin;
 }
 
 /* The exact result of the reduction at element index i (key = i % PERIOD). */
@@ -399,8 +407,8 @@ typedef struct {
     double bw_sum;   /* busbw of every timed placement, for the average */
     long bw_count;
     int64_t wrong_total;
+    int reported;    /* wrong results described on stderr so far */
     perf_pattern_t pat;
-    int check_ok;    /* pat is exact: the check of this case runs */
     unsigned char tab_in[PERF_TAB_BYTES], tab_want[PERF_TAB_BYTES], tab_tmp[PERF_TAB_BYTES];
 } perf_ctx_t;
 
@@ -582,7 +590,7 @@ static double perf_now_us(void)
 /* Where one placement of one size puts its data. */
 typedef struct {
     perf_call_t call;
-    unsigned char *in; /* where this rank's input goes (NULL: none is read) */
+    unsigned char *in; /* where this rank's input goes */
     size_t in_count;
     size_t total;      /* elements in the size column (count*n for rs/ag) */
 } perf_layout_t;
@@ -614,61 +622,48 @@ static void perf_layout(perf_ctx_t *ctx, size_t bytes, int in_place, perf_layout
     }
 }
 
-/* Poisons (count == NULL) or checks every output region of this rank. */
-static int64_t perf_outputs(perf_ctx_t *ctx, const perf_layout_t *l, int root, int64_t *count)
+/* Poisons (wrong == NULL) or checks every output region of this rank. */
+static void perf_outputs(perf_ctx_t *ctx, const perf_layout_t *l, int root, int64_t *wrong)
 {
     const perf_pattern_t *p = &ctx->pat;
+    perf_kind_t kind = ctx->coll->kind;
     size_t ts = weft_dtype_size(p->dtype), c = l->call.count, first = 0;
-    int64_t wrong = 0;
+    int prev = (ctx->rank + ctx->nranks - 1) % ctx->nranks;
     for (int src = 0; src < ctx->nranks; src++) {
         unsigned char *out = l->call.recvbuf;
+        const unsigned char *tab = ctx->tab_tmp;
         size_t phase = 0;
-        switch (ctx->coll->kind) {
-        case PERF_KIND_ALLREDUCE:
-            if (src != 0) continue;
-            memcpy(ctx->tab_tmp, ctx->tab_want, sizeof(ctx->tab_tmp));
-            break;
-        case PERF_KIND_REDUCE:
-            if (src != 0 || ctx->rank != root) continue;
-            memcpy(ctx->tab_tmp, ctx->tab_want, sizeof(ctx->tab_tmp));
-            break;
-        case PERF_KIND_REDUCE_SCATTER:
-            if (src != 0) continue;
-            memcpy(ctx->tab_tmp, ctx->tab_want, sizeof(ctx->tab_tmp));
-            phase = (size_t)ctx->rank * c % PERF_PERIOD;
-            break;
-        case PERF_KIND_ALLGATHER:
-            table_of_rank(p, src, ctx->tab_tmp);
+        if (kind == PERF_KIND_ALLGATHER) {
             out = ctx->recvbuf + (size_t)src * c * ts;
-            break;
-        case PERF_KIND_BROADCAST:
-            if (src != root) continue;
-            table_of_rank(p, src, ctx->tab_tmp);
-            break;
-        case PERF_KIND_SENDRECV:
-            if (src != (ctx->rank + ctx->nranks - 1) % ctx->nranks) continue;
-            table_of_rank(p, src, ctx->tab_tmp);
-            break;
+        } else if (kind == PERF_KIND_BROADCAST || kind == PERF_KIND_SENDRECV) {
+            if (src != (kind == PERF_KIND_BROADCAST ? root : prev))
+                continue;
+        } else {
+            /* The reductions: one region, rank r's block of the result. */
+            if (src != 0 || (kind == PERF_KIND_REDUCE && ctx->rank != root))
+                continue;
+            tab = ctx->tab_want;
+            if (kind == PERF_KIND_REDUCE_SCATTER)
+                phase = (size_t)ctx->rank * c % PERF_PERIOD;
         }
-        if (count == NULL) {
+        if (tab == ctx->tab_tmp)
+            table_of_rank(p, src, ctx->tab_tmp);
+        if (wrong == NULL) {
             unsigned char poison[PERF_TAB_BYTES];
-            table_poison(ctx->tab_tmp, ts, poison);
+            table_poison(tab, ts, poison);
             buffer_fill(out, c, ts, poison, phase);
             continue;
         }
-        int64_t w = buffer_wrong(out, c, ts, ctx->tab_tmp, phase, &first);
-        if (w && !wrong)
-            fprintf(stderr, "# rank %d: %s %s %s count %zu: element %zu is %g, expected %g\n",
+        int64_t w = buffer_wrong(out, c, ts, tab, phase, &first);
+        if (w && ctx->reported++ < PERF_MAX_REPORTS)
+            fprintf(stderr, "# rank %d: %s %s%s%s count %zu: element %zu is %.17g, expected %.17g\n",
                     ctx->rank, ctx->coll->name, dtype_names[p->dtype],
-                    ctx->coll->has_op ? op_names[p->op] : "", c,
+                    ctx->coll->has_op ? " " : "", ctx->coll->has_op ? op_names[p->op] : "", c,
                     (size_t)(out - ctx->recvbuf) / ts + first,
                     value_load(p->dtype, out + first * ts),
-                    value_load(p->dtype, ctx->tab_tmp + (phase + first) % PERF_PERIOD * ts));
-        wrong += w;
+                    value_load(p->dtype, tab + (phase + first) % PERF_PERIOD * ts));
+        *wrong += w;
     }
-    if (count)
-        *count = wrong;
-    return wrong;
 }
 
 /* Times one placement of one size, then (with -c) runs it once more on
@@ -701,7 +696,7 @@ static weft_status_t perf_measure(perf_ctx_t *ctx, size_t bytes, int root, int i
     *time_us = t;
 
     *wrong = -1;
-    if (!ctx->opt.check || !ctx->check_ok || (in_place && !coll->check_in_place))
+    if (!ctx->opt.check || (in_place && !coll->check_in_place))
         return WEFT_OK;
     int64_t w = 0;
     perf_outputs(ctx, &l, root, NULL);
@@ -772,10 +767,7 @@ static weft_status_t perf_case(perf_ctx_t *ctx, weft_dtype_t dtype, weft_op_t op
 {
     const perf_coll_t *coll = ctx->coll;
     int reduces = coll->has_op;
-    ctx->check_ok = pattern_fit(&ctx->pat, dtype, op, reduces, ctx->nranks);
-    if (!ctx->check_ok && ctx->opt.check && ctx->rank == 0)
-        printf("# no exact inputs for %s %s on %d ranks: not checked\n", dtype_names[dtype],
-               op_names[op], ctx->nranks);
+    pattern_fit(&ctx->pat, dtype, op, reduces, ctx->nranks);
     table_of_rank(&ctx->pat, ctx->rank, ctx->tab_in);
     if (reduces)
         table_of_reduction(&ctx->pat, ctx->tab_want);

@@ -67,9 +67,6 @@ static weft_status_t check_args(const char *fn, struct weft_comm *comm, struct w
     if ((rooted || p2p) && (a->root < 0 || a->root >= p))
         return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "%s: %s %d out of range (0..%d)", fn,
                                 p2p ? "peer" : "root", a->root, p - 1);
-    if (p2p && a->root == comm->rank)
-        return weft_error_quiet(comm, WEFT_ERR_UNSUPPORTED,
-                                "%s: sending to or receiving from oneself is not supported", fn);
     /* Element counts of each buffer, guarded against overflow. */
     size_t mult = a->coll == WEFT_COLL_ALLGATHER || a->coll == WEFT_COLL_REDUCE_SCATTER ? (size_t)p : 1;
     if (a->count > SIZE_MAX / 2 / esize / mult)
@@ -96,10 +93,6 @@ static weft_status_t check_args(const char *fn, struct weft_comm *comm, struct w
             return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG,
                                     "%s: sendbuf and recvbuf overlap without being in place", fn);
     }
-    if (!need_send)
-        a->sendbuf = a->coll == WEFT_COLL_BROADCAST ? a->sendbuf : NULL;
-    if (!need_recv && a->coll == WEFT_COLL_REDUCE)
-        a->recvbuf = NULL;
     return WEFT_OK;
 }
 

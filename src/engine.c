@@ -34,6 +34,12 @@ struct sched_entry {
     bool valid;
 };
 
+/* A posted send to our own rank, waiting for our matching receive. */
+struct self_send {
+    struct weft_op *op;
+    uint32_t step;
+};
+
 /* A scratch buffer, kept for the communicator's life once touched. */
 struct scratch {
     void *p;
@@ -96,6 +102,8 @@ struct weft_engine {
     size_t chunk_bytes;
     int spin_us;
     uint64_t last_event_ns;
+    struct self_send *selfq;         /* sends to ourselves not yet received */
+    size_t selfq_head, selfq_n, selfq_cap;
 
     struct sched_entry cache[SCHED_CACHE];   /* (mu) */
     uint64_t cache_clock;
@@ -173,6 +181,7 @@ void weft_engine_destroy(struct weft_engine *eng)
     weft_buf_free(eng->staging, (size_t)eng->nslots * eng->chunk_bytes);
     free(eng->stamp);
     free(eng->free_slots);
+    free(eng->selfq);
     pthread_cond_destroy(&eng->cv);
     pthread_mutex_destroy(&eng->mu);
     free(eng);
@@ -419,6 +428,7 @@ static void fail_all(struct weft_engine *eng, weft_status_t st)
     }
     eng->active = eng->active_tail = NULL;
     eng->nactive = 0;
+    eng->selfq_n = 0;
     for (;;) {
         pthread_mutex_lock(&eng->mu);
         struct weft_op *op = eng->qhead;
@@ -457,6 +467,58 @@ static weft_status_t start_op(struct weft_engine *eng, struct weft_op *op)
     return WEFT_OK;
 }
 
+static weft_status_t selfq_push(struct weft_engine *eng, struct weft_op *op, uint32_t i)
+{
+    if (eng->selfq_n == eng->selfq_cap) {
+        size_t cap = eng->selfq_cap ? 2 * eng->selfq_cap : 16;
+        struct self_send *q = malloc(cap * sizeof(*q));
+        if (q == NULL)
+            return weft_error(eng->comm, WEFT_ERR_NO_MEMORY, "cannot queue a send to self");
+        for (size_t k = 0; k < eng->selfq_n; k++)
+            q[k] = eng->selfq[(eng->selfq_head + k) % eng->selfq_cap];
+        free(eng->selfq);
+        eng->selfq = q;
+        eng->selfq_head = 0;
+        eng->selfq_cap = cap;
+    }
+    eng->selfq[(eng->selfq_head + eng->selfq_n++) % eng->selfq_cap] = (struct self_send){op, i};
+    return WEFT_OK;
+}
+
+/* A send to self waits in selfq; a receive from self takes the oldest one
+ * (WEFT_INPROGRESS when there is none yet) and completes both. */
+static weft_status_t post_self(struct weft_engine *eng, struct weft_op *op, uint32_t i)
+{
+    const struct weft_step *s = &op->s->steps[i];
+    if (s->kind == WEFT_STEP_SEND) {
+        WEFT_CHECK(selfq_push(eng, op, i));
+        op->st[i] = ST_POSTED;
+        return WEFT_OK;
+    }
+    if (eng->selfq_n == 0)
+        return WEFT_INPROGRESS;
+    struct self_send snd = eng->selfq[eng->selfq_head];
+    eng->selfq_head = (eng->selfq_head + 1) % eng->selfq_cap;
+    eng->selfq_n--;
+    const struct weft_step *ss = &snd.op->s->steps[snd.step];
+    size_t bytes = s->count * op->esize, sent = ss->count * snd.op->esize;
+    if (sent != bytes)
+        return weft_error(eng->comm, WEFT_ERR_INVALID_ARG,
+                          "rank %d: a send to self of %zu bytes met a receive of %zu bytes",
+                          eng->comm->rank, sent, bytes);
+    const char *src = step_ptr(snd.op, ss->buf, ss->off);
+    if (s->kind == WEFT_STEP_RECV_REDUCE)
+        weft_reduce_local(step_ptr(op, s->buf, s->off), step_ptr(op, s->src_buf, s->src_off), src,
+                          s->count, op->a.dtype, op->a.op, 0);
+    else
+        memcpy(step_ptr(op, s->buf, s->off), src, bytes);
+    snd.op->st[snd.step] = ST_DONE;
+    snd.op->ndone++;
+    op->st[i] = ST_DONE;
+    op->ndone++;
+    return WEFT_OK;
+}
+
 /* Posts every step that may go now.  Returns true if anything changed. */
 static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
 {
@@ -488,6 +550,18 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
             }
             size_t bytes = s->count * op->esize;
             weft_status_t st = WEFT_OK;
+            if (s->peer == comm->rank) {
+                /* A message to ourselves never touches the transport. */
+                st = post_self(eng, op, (uint32_t)i);
+                if (st == WEFT_INPROGRESS) {
+                    *mark = gen;
+                    continue;
+                }
+                if (st != WEFT_OK)
+                    return st;
+                *changed = true;
+                continue;
+            }
             switch (s->kind) {
             case WEFT_STEP_COPY: {
                 char *dst = step_ptr(op, s->buf, s->off);

@@ -1,15 +1,21 @@
 /*
  * reduce.c - the element-wise reduction kernels of the engine: one plain
  * loop per (datatype, op) that gcc vectorizes, and the f16/bf16 converters.
- * f16/bf16 are widened to f32 a block at a time, combined, and rounded once.
+ * f16/bf16 are widened to f32 in registers, combined, and rounded once.
  */
 #include "reduce.h"
 
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
 #define WEFT_HAVE_X86 1
+/* Every kernel is built twice, for AVX2 and for the x86-64 baseline; the
+ * loader picks one (ifunc).  Both do the same IEEE operations in the same
+ * order (no FMA), so they give the same bits. */
+#define WEFT_KERNEL __attribute__((target_clones("avx2", "default")))
+#else
+#define WEFT_KERNEL
 #endif
 
 /* Vectorization at -O2 (gcc 12's "very cheap" cost model) refuses loops
@@ -20,9 +26,6 @@
  * converters (it would otherwise keep the float arm behind a branch, which
  * stops vectorization); no value changes, only FP exception flags could. */
 #pragma GCC optimize("O3", "no-trapping-math")
-
-/* Elements per f32 staging block: 3 blocks of 1 KiB stay in L1. */
-#define WEFT_REDUCE_BLOCK 256
 
 static inline uint32_t f32_bits(float f)
 {
@@ -39,22 +42,23 @@ static inline float bits_f32(uint32_t u)
 }
 
 /* ---- f16 / bf16 <-> f32 -------------------------------------------------
- * Written without branches (selects only) so that the block loops below
- * vectorize; none of them depends on FTZ/DAZ being off. */
+ * Written without branches (selects only) so that the loops using them
+ * vectorize; none of them depends on FTZ/DAZ being off.  Magnitudes are
+ * compared as int32 (they are below 2^31): SSE2 has signed compares only. */
 
 static inline float half_to_float_inl(uint16_t h)
 {
-    uint32_t em = h & 0x7fffu;
+    int32_t em = h & 0x7fff;
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     /* Normal: move the fields into place and rebias the exponent 15 -> 127. */
-    uint32_t bits = (em << 13) + (112u << 23);
+    uint32_t bits = ((uint32_t)em << 13) + (112u << 23);
     /* Inf/NaN: rebias once more so the exponent is all ones; the mantissa,
      * NaN payload included, is kept. */
-    bits = em >= 0x7c00u ? bits + (112u << 23) : bits;
+    bits = em >= 0x7c00 ? bits + (112u << 23) : bits;
     /* Zero and subnormals are m * 2^-24: exact through int -> float, and the
      * result is a normal f32, so flush-to-zero modes cannot touch it. */
-    uint32_t sub = f32_bits((float)(int32_t)em * 0x1p-24f);
-    bits = em < 0x0400u ? sub : bits;
+    uint32_t sub = f32_bits((float)em * 0x1p-24f);
+    bits = em < 0x0400 ? sub : bits;
     return bits_f32(bits | sign);
 }
 
@@ -62,20 +66,21 @@ static inline uint16_t float_to_half_inl(float f)
 {
     uint32_t u = f32_bits(f);
     uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t a = u & 0x7fffffffu;
+    int32_t a = (int32_t)(u & 0x7fffffffu);
+    uint32_t ua = (uint32_t)a;
     /* Normal range: rebias, then round to nearest even on the 13 bits that
      * go; a carry out of the mantissa bumps the exponent, up to Inf. */
-    uint32_t norm = (a - (112u << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
+    uint32_t norm = (ua - (112u << 23) + 0xfffu + ((ua >> 13) & 1u)) >> 13;
     /* Below 2^-14: adding 0.5f lines the value up with 0.5's last mantissa
      * bit (2^-24, the f16 subnormal quantum) and the FPU rounds to nearest
      * even; what is left above 0.5 is the f16 encoding (0x400 = 2^-14 when
      * it rounds up into the normals). */
-    uint32_t sub = f32_bits(bits_f32(a) + 0.5f) - f32_bits(0.5f);
+    uint32_t sub = f32_bits(bits_f32(ua) + 0.5f) - f32_bits(0.5f);
     /* NaN stays NaN: quiet bit set, top payload bits kept (as F16C does). */
-    uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);
-    uint32_t h = a < (113u << 23) ? sub : norm;
-    h = a >= (143u << 23) ? 0x7c00u : h; /* |f| >= 65536 (or Inf) */
-    h = a > 0x7f800000u ? nan : h;
+    uint32_t nan = 0x7e00u | ((ua >> 13) & 0x3ffu);
+    uint32_t h = a < (int32_t)(113u << 23) ? sub : norm;
+    h = a >= (int32_t)(143u << 23) ? 0x7c00u : h; /* |f| >= 65536 (or Inf) */
+    h = a > (int32_t)0x7f800000 ? nan : h;
     return (uint16_t)(h | sign);
 }
 
@@ -91,7 +96,7 @@ static inline uint16_t float_to_bf16_inl(float f)
      * exponent, so the largest floats become Inf as they should. */
     uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
     uint32_t nan = (u >> 16) | 0x40u; /* NaN stays NaN: set the quiet bit */
-    r = (u & 0x7fffffffu) > 0x7f800000u ? nan : r;
+    r = (int32_t)(u & 0x7fffffffu) > (int32_t)0x7f800000 ? nan : r;
     return (uint16_t)r;
 }
 
@@ -115,256 +120,134 @@ uint16_t weft_float_to_bf16(float f)
     return float_to_bf16_inl(f);
 }
 
-/* ---- block converters ----------------------------------------------------- */
-
-static void half_block_to_float_sw(float *restrict out, const uint16_t *restrict in, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = half_to_float_inl(in[i]);
-}
-
-static void float_block_to_half_sw(uint16_t *restrict out, const float *restrict in, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = float_to_half_inl(in[i]);
-}
-
-#ifdef WEFT_HAVE_X86
-/* F16C converts 8 lanes per instruction, about 4x the portable loop; the
- * results are identical (round to nearest even, NaN quieted with its top
- * payload bits kept).  The rounding is fixed in the instruction, not taken
- * from MXCSR. */
-__attribute__((target("avx,f16c"))) static void half_block_to_float_f16c(float *restrict out,
-                                                                        const uint16_t *restrict in,
-                                                                        size_t n)
-{
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(in + i))));
-    for (; i < n; i++)
-        out[i] = half_to_float_inl(in[i]);
-}
-
-__attribute__((target("avx,f16c"))) static void float_block_to_half_f16c(uint16_t *restrict out,
-                                                                        const float *restrict in,
-                                                                        size_t n)
-{
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)(out + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++)
-        out[i] = float_to_half_inl(in[i]);
-}
-
-static bool have_f16c(void)
-{
-    /* Reads what libgcc's constructor found at startup; no syscall. */
-    return weft_reduce_f16c_ && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-}
-#endif
-
 bool weft_reduce_f16c_ = true;
 
-static void half_block_to_float(float *restrict out, const uint16_t *restrict in, size_t n)
-{
-#ifdef WEFT_HAVE_X86
-    if (have_f16c()) {
-        half_block_to_float_f16c(out, in, n);
-        return;
-    }
-#endif
-    half_block_to_float_sw(out, in, n);
-}
-
-static void float_block_to_half(uint16_t *restrict out, const float *restrict in, size_t n)
-{
-#ifdef WEFT_HAVE_X86
-    if (have_f16c()) {
-        float_block_to_half_f16c(out, in, n);
-        return;
-    }
-#endif
-    float_block_to_half_sw(out, in, n);
-}
-
-static void bf16_block_to_float(float *restrict out, const uint16_t *restrict in, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = bf16_to_float_inl(in[i]);
-}
-
-static void float_block_to_bf16(uint16_t *restrict out, const float *restrict in, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = float_to_bf16_inl(in[i]);
-}
-
-/* ---- native kernels --------------------------------------------------------
+/* ---- kernels -----------------------------------------------------------------
  * Signed integers add and multiply in their unsigned twin, so overflow wraps
  * instead of being undefined; the conversion back is gcc's modulo rule.
- * AVG divides in 64 bits so that a divisor wider than the type (int8 over
- * 200 ranks) still truncates toward zero correctly.
+ * Integer AVG truncates toward zero: 8- and 32-bit sums divide in double,
+ * which is exact for them (a quotient that is not an integer lies at least
+ * 1/divisor from one, far more than double's error for |sum| < 2^52) and
+ * vectorizes; 64-bit sums divide as integers.
  *
  * Float MAX/MIN are plain comparisons, (a > b ? a : b): when either operand
  * is NaN the result is b, so a NaN propagates only from b; with equal
  * operands (+0 vs -0) the result is also b.  Each element is combined in
- * one place (see algorithms/), so every rank still gets the same bits. */
+ * one place (see algorithms/), so every rank still gets the same bits.
+ *
+ * 16-bit floats: each element is widened to f32, combined (and for AVG
+ * divided) in f32, and rounded once.  The f32 result of one + or * of two
+ * f16 (or bf16) values, rounded to 16 bits, is the correctly rounded 16-bit
+ * result: f32 has more than 2p+2 bits, so the double rounding is harmless. */
 
-#define WEFT_KERNELS_COMMON(name, T)                                                     \
-    static void name##_max(void *dv, const void *av, const void *bv, size_t n)          \
-    {                                                                                    \
-        T *d = dv;                                                                       \
-        const T *a = av, *b = bv;                                                        \
-        for (size_t i = 0; i < n; i++)                                                   \
-            d[i] = a[i] > b[i] ? a[i] : b[i];                                            \
-    }                                                                                    \
-    static void name##_min(void *dv, const void *av, const void *bv, size_t n)          \
-    {                                                                                    \
-        T *d = dv;                                                                       \
-        const T *a = av, *b = bv;                                                        \
-        for (size_t i = 0; i < n; i++)                                                   \
-            d[i] = a[i] < b[i] ? a[i] : b[i];                                            \
+/* One kernel: d[i] = EXPR, with x = a[i], y = b[i] loaded as LD(.) and the
+ * result stored through ST(.); w is the AVG divisor as type WT. */
+#define WEFT_KERNEL_DEF(fn, T, CT, WT, LD, ST, EXPR)                                      \
+    WEFT_KERNEL static void fn(void *dv, const void *av, const void *bv, size_t n, int div) \
+    {                                                                                   \
+        T *d = dv;                                                                      \
+        const T *a = av, *b = bv;                                                       \
+        WT w = (WT)div;                                                                 \
+        (void)w;                                                                        \
+        for (size_t i = 0; i < n; i++) {                                                \
+            CT x = LD(a[i]), y = LD(b[i]);                                              \
+            d[i] = ST(EXPR);                                                            \
+        }                                                                               \
     }
 
-#define WEFT_KERNELS_INT(name, T, U, W)                                                  \
-    WEFT_KERNELS_COMMON(name, T)                                                         \
-    static void name##_sum(void *dv, const void *av, const void *bv, size_t n)          \
-    {                                                                                    \
-        T *d = dv;                                                                       \
-        const T *a = av, *b = bv;                                                        \
-        for (size_t i = 0; i < n; i++)                                                   \
-            d[i] = (T)((U)a[i] + (U)b[i]);                                               \
-    }                                                                                    \
-    static void name##_prod(void *dv, const void *av, const void *bv, size_t n)         \
-    {                                                                                    \
-        T *d = dv;                                                                       \
-        const T *a = av, *b = bv;                                                        \
-        for (size_t i = 0; i < n; i++)                                                   \
-            d[i] = (T)((U)a[i] * (U)b[i]);                                               \
-    }                                                                                    \
-    static void name##_avg(void *dv, const void *av, const void *bv, size_t n, int div) \
-    {                                                                                    \
-        T *d = dv;                                                                       \
-        const T *a = av, *b = bv;                                                        \
-        W w = (W)div;                                                                    \
-        for (size_t i = 0; i < n; i++)                                                   \
-            d[i] = (T)((W)(T)((U)a[i] + (U)b[i]) / w);                                   \
-    }
+#define WEFT_ID(v) (v)
 
-#define WEFT_KERNELS_FLOAT(name, T)                                                      \
-    WEFT_KERNELS_COMMON(name, T)                                                         \
-    static void name##_sum(void *dv, const void *av, const void *bv, size_t n)          \
-    {                                                                                    \
-        T *d = dv;                                                                       \
-        const T *a = av, *b = bv;                                                        \
-        for (size_t i = 0; i < n; i++)                                                   \
-            d[i] = a[i] + b[i];                                                          \
-    }                                                                                    \
-    static void name##_prod(void *dv, const void *av, const void *bv, size_t n)         \
-    {                                                                                    \
-        T *d = dv;                                                                       \
-        const T *a = av, *b = bv;                                                        \
-        for (size_t i = 0; i < n; i++)                                                   \
-            d[i] = a[i] * b[i];                                                          \
-    }                                                                                    \
-    static void name##_avg(void *dv, const void *av, const void *bv, size_t n, int div) \
-    {                                                                                    \
-        T *d = dv;                                                                       \
-        const T *a = av, *b = bv;                                                        \
-        T w = (T)div;                                                                    \
-        for (size_t i = 0; i < n; i++)                                                   \
-            d[i] = (a[i] + b[i]) / w;                                                    \
-    }
+/* Integers: U is the unsigned twin, AW the type AVG divides in. */
+#define WEFT_KERNELS_INT(name, T, U, AW)                                                  \
+    WEFT_KERNEL_DEF(name##_sum, T, T, AW, WEFT_ID, (T), (U)x + (U)y)                      \
+    WEFT_KERNEL_DEF(name##_prod, T, T, AW, WEFT_ID, (T), (U)x * (U)y)                     \
+    WEFT_KERNEL_DEF(name##_max, T, T, AW, WEFT_ID, WEFT_ID, x > y ? x : y)                \
+    WEFT_KERNEL_DEF(name##_min, T, T, AW, WEFT_ID, WEFT_ID, x < y ? x : y)                \
+    WEFT_KERNEL_DEF(name##_avg, T, T, AW, WEFT_ID, (T), (AW)(T)((U)x + (U)y) / w)
 
-WEFT_KERNELS_INT(i8, int8_t, uint8_t, int64_t)
-WEFT_KERNELS_INT(u8, uint8_t, uint8_t, uint64_t)
-WEFT_KERNELS_INT(i32, int32_t, uint32_t, int64_t)
-WEFT_KERNELS_INT(u32, uint32_t, uint32_t, uint64_t)
+/* Floats, native or widened: CT is the compute type. */
+#define WEFT_KERNELS_FLOAT(name, T, CT, LD, ST)                                           \
+    WEFT_KERNEL_DEF(name##_sum, T, CT, CT, LD, ST, x + y)                                 \
+    WEFT_KERNEL_DEF(name##_prod, T, CT, CT, LD, ST, x * y)                                \
+    WEFT_KERNEL_DEF(name##_max, T, CT, CT, LD, ST, x > y ? x : y)                         \
+    WEFT_KERNEL_DEF(name##_min, T, CT, CT, LD, ST, x < y ? x : y)                         \
+    WEFT_KERNEL_DEF(name##_avg, T, CT, CT, LD, ST, (x + y) / w)
+
+WEFT_KERNELS_INT(i8, int8_t, uint8_t, double)
+WEFT_KERNELS_INT(u8, uint8_t, uint8_t, double)
+WEFT_KERNELS_INT(i32, int32_t, uint32_t, double)
+WEFT_KERNELS_INT(u32, uint32_t, uint32_t, double)
 WEFT_KERNELS_INT(i64, int64_t, uint64_t, int64_t)
 WEFT_KERNELS_INT(u64, uint64_t, uint64_t, uint64_t)
-WEFT_KERNELS_FLOAT(f32, float)
-WEFT_KERNELS_FLOAT(f64, double)
+WEFT_KERNELS_FLOAT(f32, float, float, WEFT_ID, WEFT_ID)
+WEFT_KERNELS_FLOAT(f64, double, double, WEFT_ID, WEFT_ID)
+WEFT_KERNELS_FLOAT(f16, uint16_t, float, half_to_float_inl, float_to_half_inl)
+WEFT_KERNELS_FLOAT(bf16, uint16_t, float, bf16_to_float_inl, float_to_bf16_inl)
 
-typedef void (*weft_kernel_fn)(void *dst, const void *a, const void *b, size_t n);
-typedef void (*weft_avg_fn)(void *dst, const void *a, const void *b, size_t n, int divisor);
+#ifdef WEFT_HAVE_X86
+/* f16 with F16C: 8 lanes converted per instruction, about 4x the portable
+ * loop, same results (round to nearest even fixed in the instruction, NaN
+ * quieted with its top payload bits kept).  maxps/minps return their second
+ * operand on NaN and on equal operands, exactly (x > y ? x : y). */
+#define WEFT_F16C_DEF(fn, VEXPR, SEXPR)                                                   \
+    __attribute__((target("avx,f16c"))) static void fn(void *dv, const void *av,          \
+                                                       const void *bv, size_t n, int div) \
+    {                                                                                   \
+        uint16_t *d = dv;                                                               \
+        const uint16_t *a = av, *b = bv;                                                \
+        __m256 vw = _mm256_set1_ps((float)div);                                         \
+        float w = (float)div;                                                           \
+        (void)vw;                                                                       \
+        (void)w;                                                                        \
+        size_t i = 0;                                                                   \
+        for (; i + 8 <= n; i += 8) {                                                    \
+            __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i)));       \
+            __m256 y = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i)));       \
+            _mm_storeu_si128((__m128i *)(d + i),                                         \
+                             _mm256_cvtps_ph(VEXPR, _MM_FROUND_TO_NEAREST_INT));         \
+        }                                                                               \
+        for (; i < n; i++) {                                                            \
+            float x = half_to_float_inl(a[i]), y = half_to_float_inl(b[i]);             \
+            d[i] = float_to_half_inl(SEXPR);                                            \
+        }                                                                               \
+    }
 
-/* Indexed by weft_dtype_t; f16/bf16 go through the f32 block path instead. */
-static const struct {
-    weft_kernel_fn op[4]; /* SUM, PROD, MAX, MIN */
-    weft_avg_fn avg;
-} kernels[WEFT_NUM_DTYPES] = {
-#define WEFT_KROW(name) { { name##_sum, name##_prod, name##_max, name##_min }, name##_avg }
-    [WEFT_INT8] = WEFT_KROW(i8),
-    [WEFT_UINT8] = WEFT_KROW(u8),
-    [WEFT_INT32] = WEFT_KROW(i32),
-    [WEFT_UINT32] = WEFT_KROW(u32),
-    [WEFT_INT64] = WEFT_KROW(i64),
-    [WEFT_UINT64] = WEFT_KROW(u64),
-    [WEFT_FLOAT32] = WEFT_KROW(f32),
-    [WEFT_FLOAT64] = WEFT_KROW(f64),
-#undef WEFT_KROW
+WEFT_F16C_DEF(f16c_sum, _mm256_add_ps(x, y), x + y)
+WEFT_F16C_DEF(f16c_prod, _mm256_mul_ps(x, y), x * y)
+WEFT_F16C_DEF(f16c_max, _mm256_max_ps(x, y), x > y ? x : y)
+WEFT_F16C_DEF(f16c_min, _mm256_min_ps(x, y), x < y ? x : y)
+WEFT_F16C_DEF(f16c_avg, _mm256_div_ps(_mm256_add_ps(x, y), vw), (x + y) / w)
+#endif
+
+typedef void (*weft_kernel_fn)(void *dst, const void *a, const void *b, size_t n, int divisor);
+
+/* Indexed by weft_op_t; AVG's slot divides, AVG without a divisor uses SUM. */
+struct kernel_row {
+    weft_kernel_fn op[WEFT_NUM_OPS];
 };
 
-/* ---- 16-bit floats ---------------------------------------------------------- */
+#define WEFT_KROW(name) { { name##_sum, name##_prod, name##_max, name##_min, name##_avg } }
+static const struct kernel_row kernels[WEFT_NUM_DTYPES] = {
+    [WEFT_INT8] = WEFT_KROW(i8),     [WEFT_UINT8] = WEFT_KROW(u8),
+    [WEFT_INT32] = WEFT_KROW(i32),   [WEFT_UINT32] = WEFT_KROW(u32),
+    [WEFT_INT64] = WEFT_KROW(i64),   [WEFT_UINT64] = WEFT_KROW(u64),
+    [WEFT_FLOAT16] = WEFT_KROW(f16), [WEFT_FLOAT32] = WEFT_KROW(f32),
+    [WEFT_FLOAT64] = WEFT_KROW(f64), [WEFT_BFLOAT16] = WEFT_KROW(bf16),
+};
+#ifdef WEFT_HAVE_X86
+static const struct kernel_row kernels_f16c = WEFT_KROW(f16c);
+#endif
+#undef WEFT_KROW
 
-/* x = x op y over one staging block; AVG with a divisor divides the f32
- * result here, so the value is rounded to 16 bits once, after the divide. */
-static void f32_block_combine(float *restrict x, const float *restrict y, size_t n, weft_op_t op,
-                              int divisor)
+static const struct kernel_row *kernel_row(weft_dtype_t dtype)
 {
-    switch (op) {
-    case WEFT_SUM:
-    case WEFT_AVG:
-        for (size_t i = 0; i < n; i++)
-            x[i] = x[i] + y[i];
-        break;
-    case WEFT_PROD:
-        for (size_t i = 0; i < n; i++)
-            x[i] = x[i] * y[i];
-        break;
-    case WEFT_MAX:
-        for (size_t i = 0; i < n; i++)
-            x[i] = x[i] > y[i] ? x[i] : y[i];
-        break;
-    case WEFT_MIN:
-        for (size_t i = 0; i < n; i++)
-            x[i] = x[i] < y[i] ? x[i] : y[i];
-        break;
-    default:
-        return;
-    }
-    if (op == WEFT_AVG && divisor > 0) {
-        float w = (float)divisor;
-        for (size_t i = 0; i < n; i++)
-            x[i] = x[i] / w;
-    }
-}
-
-/* The f32 result of one + or * of two f16 (or bf16) values, rounded to 16
- * bits, equals the correctly rounded 16-bit result: f32 has more than
- * 2p+2 bits, so the double rounding is harmless. */
-static void reduce_16bit(uint16_t *dst, const uint16_t *a, const uint16_t *b, size_t n, weft_op_t op,
-                         int divisor, bool bf16)
-{
-    float fa[WEFT_REDUCE_BLOCK], fb[WEFT_REDUCE_BLOCK];
-
-    for (size_t off = 0; off < n; off += WEFT_REDUCE_BLOCK) {
-        size_t m = WEFT_MIN((size_t)WEFT_REDUCE_BLOCK, n - off);
-        /* Both inputs are read before dst is written: dst may be a or b. */
-        if (bf16) {
-            bf16_block_to_float(fa, a + off, m);
-            bf16_block_to_float(fb, b + off, m);
-        } else {
-            half_block_to_float(fa, a + off, m);
-            half_block_to_float(fb, b + off, m);
-        }
-        f32_block_combine(fa, fb, m, op, divisor);
-        if (bf16)
-            float_block_to_bf16(dst + off, fa, m);
-        else
-            float_block_to_half(dst + off, fa, m);
-    }
+#ifdef WEFT_HAVE_X86
+    /* __builtin_cpu_supports reads what libgcc found at startup: no syscall. */
+    if (dtype == WEFT_FLOAT16 && weft_reduce_f16c_ && __builtin_cpu_supports("f16c") &&
+        __builtin_cpu_supports("avx"))
+        return &kernels_f16c;
+#endif
+    return &kernels[dtype];
 }
 
 void weft_reduce_local(void *dst, const void *a, const void *b, size_t n, weft_dtype_t dtype,
@@ -378,16 +261,7 @@ void weft_reduce_local(void *dst, const void *a, const void *b, size_t n, weft_d
                   (int)dtype, (int)op);
         return;
     }
-    if (dtype == WEFT_FLOAT16 || dtype == WEFT_BFLOAT16) {
-        reduce_16bit(dst, a, b, n, op, divisor, dtype == WEFT_BFLOAT16);
-        return;
-    }
-    if (op == WEFT_AVG) {
-        if (divisor > 0)
-            kernels[dtype].avg(dst, a, b, n, divisor);
-        else
-            kernels[dtype].op[WEFT_SUM](dst, a, b, n);
-        return;
-    }
-    kernels[dtype].op[op](dst, a, b, n);
+    if (op == WEFT_AVG && divisor <= 0)
+        op = WEFT_SUM;
+    kernel_row(dtype)->op[op](dst, a, b, n, divisor);
 }

@@ -39,6 +39,7 @@ struct weft_test_job {
     int wstatus[WEFT_TEST_MAX_RANKS]; /* waitpid status once reaped */
     bool reaped[WEFT_TEST_MAX_RANKS];
     bool hung[WEFT_TEST_MAX_RANKS];   /* killed at the deadline */
+    bool quiet;                       /* wait prints nothing (tests of the harness) */
 };
 
 /* Environment every job needs: loopback only (WEFT_SOCKET_IFNAME=lo unless

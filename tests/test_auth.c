@@ -41,23 +41,36 @@ static void expect_digest(const uint8_t got[32], const char *hex)
     cr_assert(memcmp(got, want, 32) == 0, "digest differs from %s", hex);
 }
 
+/* A listener on a fresh loopback port; *addr gets the bound address. */
+static int listen_loopback(union weft_sockaddr *addr)
+{
+    int lfd;
+    cr_assert_eq(weft_sock_parse("127.0.0.1:1", addr), WEFT_OK);
+    addr->in.sin_port = 0;
+    cr_assert_eq(weft_sock_listen(addr, &lfd), WEFT_OK);
+    cr_assert_neq(addr->in.sin_port, 0, "listen did not write back the port");
+    return lfd;
+}
+
+static int accept_one(int lfd)
+{
+    int fd = -1;
+    for (int i = 0; i < 200 && fd < 0; i++) {
+        struct pollfd p = {.fd = lfd, .events = POLLIN};
+        poll(&p, 1, 10);
+        cr_assert_eq(weft_sock_accept(lfd, &fd), WEFT_OK);
+    }
+    cr_assert_geq(fd, 0, "accept never returned the connection");
+    return fd;
+}
+
 /* A connected loopback TCP pair: *c is the connecting end, *a the accepted. */
 static void tcp_pair(int *c, int *a)
 {
     union weft_sockaddr addr;
-    int lfd;
-    cr_assert_eq(weft_sock_parse("127.0.0.1:1", &addr), WEFT_OK);
-    addr.in.sin_port = 0;
-    cr_assert_eq(weft_sock_listen(&addr, &lfd), WEFT_OK);
-    cr_assert_neq(addr.in.sin_port, 0, "listen did not write back the port");
+    int lfd = listen_loopback(&addr);
     cr_assert_eq(weft_sock_connect(&addr, weft_now_ns() + 2000 * MS, c), WEFT_OK);
-    *a = -1;
-    for (int i = 0; i < 200 && *a < 0; i++) {
-        struct pollfd p = {.fd = lfd, .events = POLLIN};
-        poll(&p, 1, 10);
-        cr_assert_eq(weft_sock_accept(lfd, a), WEFT_OK);
-    }
-    cr_assert_geq(*a, 0, "accept never returned the connection");
+    *a = accept_one(lfd);
     close(lfd);
 }
 
@@ -139,6 +152,19 @@ static void mac_of(const uint8_t *secret, const char *label, const uint8_t *hell
     memcpy(msg + 8, hello, WEFT_AUTH_HELLO_LEN);
     memcpy(msg + 8 + WEFT_AUTH_HELLO_LEN, nonce_a, 16);
     weft_hmac_sha256(secret, WEFT_SECRET_BYTES, msg, sizeof(msg), out);
+}
+
+/* Plays connector by hand up to the challenge: sends hello, lets the
+ * acceptor answer and reads its CHALLENGE into chal. */
+static void raw_until_challenge(int c, struct weft_auth_acceptor *a, int afd,
+                                const uint8_t *hello, uint8_t *chal)
+{
+    const char *why = NULL;
+    cr_assert_eq(weft_sock_send_all(c, hello, WEFT_AUTH_HELLO_LEN, 0), WEFT_OK);
+    weft_auth_accept_begin(a, afd, weft_now_ns() + 2000 * MS);
+    cr_assert_eq(weft_auth_accept_step(a, secret_a, JOB, &why), WEFT_INPROGRESS);
+    cr_assert_eq(weft_sock_recv_all(c, chal, WEFT_AUTH_CHALLENGE_LEN, weft_now_ns() + 1000 * MS),
+                 WEFT_OK);
 }
 
 /* Sends a raw hello and expects the acceptor to reject it with `reason`. */
@@ -315,12 +341,9 @@ Test(handshake, wire_format_matches_header, .timeout = 10)
     tcp_pair(&c, &afd);
     uint8_t hello[WEFT_AUTH_HELLO_LEN], chal[WEFT_AUTH_CHALLENGE_LEN], mac[32];
     make_hello(hello, WEFT_AUTH_VERSION, WEFT_AUTH_BOOTSTRAP, JOB, 1, 4);
-    cr_assert_eq(weft_sock_send_all(c, hello, sizeof(hello), 0), WEFT_OK);
     struct weft_auth_acceptor a;
     const char *why = NULL;
-    weft_auth_accept_begin(&a, afd, weft_now_ns() + 2000 * MS);
-    cr_assert_eq(weft_auth_accept_step(&a, secret_a, JOB, &why), WEFT_INPROGRESS);
-    cr_assert_eq(weft_sock_recv_all(c, chal, sizeof(chal), weft_now_ns() + 1000 * MS), WEFT_OK);
+    raw_until_challenge(c, &a, afd, hello, chal);
     mac_of(secret_a, "weft-acc", hello, chal, mac);
     cr_assert(memcmp(mac, chal + 16, 32) == 0, "acceptor MAC is not HMAC(weft-acc HELLO nonce_a)");
     mac_of(secret_a, "weft-con", hello, chal, mac);
@@ -329,6 +352,35 @@ Test(handshake, wire_format_matches_header, .timeout = 10)
     cr_assert_eq(a.hello.rank, 1);
     cr_assert_eq(a.hello.nranks, 4);
     cr_assert_eq(a.hello.index, 7);
+    close(c);
+    close(afd);
+}
+
+Test(handshake, hello_in_pieces, .timeout = 10)
+{
+    /* TCP may deliver the hello a byte at a time; the acceptor keeps what
+     * it has and waits for more. */
+    int c, afd;
+    tcp_pair(&c, &afd);
+    uint8_t hello[WEFT_AUTH_HELLO_LEN], chal[WEFT_AUTH_CHALLENGE_LEN], mac[32];
+    make_hello(hello, WEFT_AUTH_VERSION, WEFT_AUTH_DATA, JOB, 0, 2);
+    struct weft_auth_acceptor a;
+    const char *why = NULL;
+    weft_auth_accept_begin(&a, afd, weft_now_ns() + 2000 * MS);
+    for (size_t i = 0; i < sizeof(hello); i++) {
+        cr_assert_eq(weft_auth_accept_events(&a), POLLIN);
+        cr_assert_eq(weft_auth_accept_step(&a, secret_a, JOB, &why), WEFT_INPROGRESS);
+        cr_assert_eq(weft_sock_send_all(c, hello + i, 1, 0), WEFT_OK);
+        usleep(1000);
+    }
+    cr_assert_eq(weft_auth_accept_step(&a, secret_a, JOB, &why), WEFT_INPROGRESS);
+    cr_assert_eq(weft_sock_recv_all(c, chal, sizeof(chal), weft_now_ns() + 1000 * MS), WEFT_OK);
+    mac_of(secret_a, "weft-con", hello, chal, mac);
+    cr_assert_eq(weft_sock_send_all(c, mac, 16, 0), WEFT_OK);
+    usleep(1000);
+    cr_assert_eq(weft_auth_accept_step(&a, secret_a, JOB, &why), WEFT_INPROGRESS);
+    cr_assert_eq(weft_sock_send_all(c, mac + 16, 16, 0), WEFT_OK);
+    cr_assert_eq(run_acceptor(&a, secret_a, JOB, &why), WEFT_OK, "acceptor: %s", why);
     close(c);
     close(afd);
 }
@@ -358,12 +410,9 @@ Test(handshake, bad_proof_rejected, .timeout = 10)
     tcp_pair(&c, &afd);
     uint8_t hello[WEFT_AUTH_HELLO_LEN], chal[WEFT_AUTH_CHALLENGE_LEN], mac[32];
     make_hello(hello, WEFT_AUTH_VERSION, WEFT_AUTH_DATA, JOB, 0, 2);
-    cr_assert_eq(weft_sock_send_all(c, hello, sizeof(hello), 0), WEFT_OK);
     struct weft_auth_acceptor a;
     const char *why = NULL;
-    weft_auth_accept_begin(&a, afd, weft_now_ns() + 2000 * MS);
-    cr_assert_eq(weft_auth_accept_step(&a, secret_a, JOB, &why), WEFT_INPROGRESS);
-    cr_assert_eq(weft_sock_recv_all(c, chal, sizeof(chal), weft_now_ns() + 1000 * MS), WEFT_OK);
+    raw_until_challenge(c, &a, afd, hello, chal);
     mac_of(secret_b, "weft-con", hello, chal, mac);
     cr_assert_eq(weft_sock_send_all(c, mac, sizeof(mac), 0), WEFT_OK);
     cr_assert_eq(run_acceptor(&a, secret_a, JOB, &why), WEFT_ERR_REMOTE);
@@ -382,12 +431,9 @@ Test(handshake, reflected_challenge_is_not_a_proof, .timeout = 10)
     tcp_pair(&c, &afd);
     uint8_t hello[WEFT_AUTH_HELLO_LEN], chal[WEFT_AUTH_CHALLENGE_LEN];
     make_hello(hello, WEFT_AUTH_VERSION, WEFT_AUTH_DATA, JOB, 0, 2);
-    cr_assert_eq(weft_sock_send_all(c, hello, sizeof(hello), 0), WEFT_OK);
     struct weft_auth_acceptor a;
     const char *why = NULL;
-    weft_auth_accept_begin(&a, afd, weft_now_ns() + 2000 * MS);
-    cr_assert_eq(weft_auth_accept_step(&a, secret_a, JOB, &why), WEFT_INPROGRESS);
-    cr_assert_eq(weft_sock_recv_all(c, chal, sizeof(chal), weft_now_ns() + 1000 * MS), WEFT_OK);
+    raw_until_challenge(c, &a, afd, hello, chal);
     cr_assert_eq(weft_sock_send_all(c, chal + 16, 32, 0), WEFT_OK);
     cr_assert_eq(run_acceptor(&a, secret_a, JOB, &why), WEFT_ERR_REMOTE);
     close(c);
@@ -665,11 +711,7 @@ Test(sock, pick_iface_spec_matches_nothing)
 /* A loopback port with nobody listening on it. */
 static void dead_port(union weft_sockaddr *addr)
 {
-    int lfd;
-    cr_assert_eq(weft_sock_parse("127.0.0.1:1", addr), WEFT_OK);
-    addr->in.sin_port = 0;
-    cr_assert_eq(weft_sock_listen(addr, &lfd), WEFT_OK);
-    close(lfd);
+    close(listen_loopback(addr));
 }
 
 Test(sock, connect_refused_until_deadline, .timeout = 10)
@@ -729,10 +771,7 @@ Test(sock, connect_retries_until_listener_appears, .timeout = 10)
 Test(sock, accept_nothing_waiting)
 {
     union weft_sockaddr addr;
-    int lfd, fd = 5;
-    cr_assert_eq(weft_sock_parse("127.0.0.1:1", &addr), WEFT_OK);
-    addr.in.sin_port = 0;
-    cr_assert_eq(weft_sock_listen(&addr, &lfd), WEFT_OK);
+    int lfd = listen_loopback(&addr), fd = 5;
     cr_assert_eq(weft_sock_accept(lfd, &fd), WEFT_OK);
     cr_assert_eq(fd, -1);
     close(lfd);
@@ -741,10 +780,7 @@ Test(sock, accept_nothing_waiting)
 Test(sock, connect_start_finish, .timeout = 10)
 {
     union weft_sockaddr addr;
-    int lfd, fd, afd = -1;
-    cr_assert_eq(weft_sock_parse("127.0.0.1:1", &addr), WEFT_OK);
-    addr.in.sin_port = 0;
-    cr_assert_eq(weft_sock_listen(&addr, &lfd), WEFT_OK);
+    int fd, lfd = listen_loopback(&addr);
     weft_status_t st = weft_sock_connect_start(&addr, &fd);
     cr_assert(st == WEFT_OK || st == WEFT_INPROGRESS);
     for (int i = 0; i < 200 && st == WEFT_INPROGRESS; i++) {
@@ -753,13 +789,7 @@ Test(sock, connect_start_finish, .timeout = 10)
         st = weft_sock_connect_finish(fd);
     }
     cr_assert_eq(st, WEFT_OK);
-    for (int i = 0; i < 200 && afd < 0; i++) {
-        struct pollfd p = {.fd = lfd, .events = POLLIN};
-        poll(&p, 1, 10);
-        cr_assert_eq(weft_sock_accept(lfd, &afd), WEFT_OK);
-    }
-    cr_assert_geq(afd, 0);
-    close(afd);
+    close(accept_one(lfd));
     close(fd);
 
     /* A refused connect reports through finish (or at once). */

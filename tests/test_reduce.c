@@ -196,7 +196,7 @@ Test(convert, named_cases)
         { 0x1p-25f, 0x0000 },          /* tie between 0 and 2^-24: even is 0 */
         { 0x1.8p-24f, 0x0002 },        /* tie between 1 and 2 quanta: 2 */
         { 0x1.0p-25f * 1.0001f, 0x0001 },
-        { 0x1.ffcp-15f, 0x0400 - 0x0001 + 0x0001 }, /* largest subnormal + half rounds up */
+        { 0x1.ffcp-15f, 0x0400 },      /* tie: largest subnormal vs 2^-14, even */
         { 0x1p-14f, 0x0400 },          /* smallest normal */
         { 0x1p-149f, 0x0000 },         /* f32 subnormal: far below f16 */
         { -0.0f, 0x8000 },
@@ -284,7 +284,8 @@ static void fill(void *buf, size_t n, weft_dtype_t dt)
             } else {
                 /* Values near one another so that sums round and tie. */
                 struct fmt16 f = dt == WEFT_FLOAT16 ? F16 : BF16;
-                h = ref_round(ldexp((double)(r % 4096) - 2048, (int)((r >> 20) % 8)), f);
+                double v = ldexp((double)(r % 4096) - 2048, (int)((r >> 20) % 8));
+                h = ref_round((r >> 40) & 1 ? -v : v, f); /* -v: -0 as well */
             }
             memcpy((char *)buf + i * 2, &h, 2);
             break;
@@ -379,13 +380,15 @@ static uint16_t ref_16(struct fmt16 f, weft_op_t op, uint16_t ha, uint16_t hb, i
     }
 }
 
-static void check_one(weft_dtype_t dt, weft_op_t op, const void *a, const void *b, const void *d,
-                      size_t i, int divisor, const char *how)
+/* The expected element i as raw bits (*nan: any NaN will do). */
+static uint64_t ref_elem(weft_dtype_t dt, weft_op_t op, const void *a, const void *b, size_t i,
+                         int divisor, bool *nan)
 {
-    const char *ctx_d = dname[dt], *ctx_o = oname[op];
+    uint64_t out = 0;
+    *nan = false;
     switch (dt) {
     case WEFT_FLOAT32: {
-        float x = ((const float *)a)[i], y = ((const float *)b)[i], g = ((const float *)d)[i], r;
+        float x = ((const float *)a)[i], y = ((const float *)b)[i], r;
         switch (op) {
         case WEFT_SUM: r = x + y; break;
         case WEFT_PROD: r = x * y; break;
@@ -393,16 +396,12 @@ static void check_one(weft_dtype_t dt, weft_op_t op, const void *a, const void *
         case WEFT_MIN: r = x < y ? x : y; break;
         default: r = divisor > 0 ? (x + y) / (float)divisor : x + y; break;
         }
-        if (isnan(r))
-            cr_assert(isnan(g), "%s %s %s [%zu]: %a,%a want NaN got %a", ctx_d, ctx_o, how, i, x,
-                      y, g);
-        else
-            cr_assert(fbits(r) == fbits(g), "%s %s %s [%zu]: %a,%a want %a got %a", ctx_d, ctx_o,
-                      how, i, x, y, r, g);
-        return;
+        *nan = isnan(r);
+        memcpy(&out, &r, 4);
+        return out;
     }
     case WEFT_FLOAT64: {
-        double x = ((const double *)a)[i], y = ((const double *)b)[i], g = ((const double *)d)[i], r;
+        double x = ((const double *)a)[i], y = ((const double *)b)[i], r;
         switch (op) {
         case WEFT_SUM: r = x + y; break;
         case WEFT_PROD: r = x * y; break;
@@ -410,33 +409,34 @@ static void check_one(weft_dtype_t dt, weft_op_t op, const void *a, const void *
         case WEFT_MIN: r = x < y ? x : y; break;
         default: r = divisor > 0 ? (x + y) / (double)divisor : x + y; break;
         }
-        if (isnan(r))
-            cr_assert(isnan(g), "%s %s %s [%zu]: want NaN got %a", ctx_d, ctx_o, how, i, g);
-        else
-            cr_assert(memcmp(&r, &g, 8) == 0, "%s %s %s [%zu]: %a,%a want %a got %a", ctx_d,
-                      ctx_o, how, i, x, y, r, g);
-        return;
+        *nan = isnan(r);
+        memcpy(&out, &r, 8);
+        return out;
     }
     case WEFT_FLOAT16:
     case WEFT_BFLOAT16: {
         struct fmt16 f = dt == WEFT_FLOAT16 ? F16 : BF16;
-        uint16_t x = ((const uint16_t *)a)[i], y = ((const uint16_t *)b)[i];
-        uint16_t g = ((const uint16_t *)d)[i], r = ref_16(f, op, x, y, divisor);
-        if (is_nan16(r, f))
-            cr_assert(is_nan16(g, f), "%s %s %s [%zu]: 0x%04x,0x%04x want NaN got 0x%04x", ctx_d,
-                      ctx_o, how, i, x, y, g);
-        else
-            cr_assert(r == g, "%s %s %s [%zu]: 0x%04x,0x%04x want 0x%04x got 0x%04x", ctx_d,
-                      ctx_o, how, i, x, y, r, g);
-        return;
+        uint16_t r = ref_16(f, op, ((const uint16_t *)a)[i], ((const uint16_t *)b)[i], divisor);
+        *nan = is_nan16(r, f);
+        return r;
     }
-    default: {
-        uint64_t r = ref_int(dt, op, a, b, i, divisor), g = 0;
-        memcpy(&g, (const char *)d + i * esize[dt], esize[dt]);
-        cr_assert(r == g, "%s %s(div %d) %s [%zu]: want 0x%llx got 0x%llx", ctx_d, ctx_o, divisor,
-                  how, i, (unsigned long long)r, (unsigned long long)g);
-        return;
+    default:
+        return ref_int(dt, op, a, b, i, divisor);
     }
+}
+
+static bool elem_is_nan(weft_dtype_t dt, uint64_t v)
+{
+    switch (dt) {
+    case WEFT_FLOAT32: return isnan(bitsf((uint32_t)v));
+    case WEFT_FLOAT64: {
+        double d;
+        memcpy(&d, &v, 8);
+        return isnan(d);
+    }
+    case WEFT_FLOAT16: return is_nan16((uint16_t)v, F16);
+    case WEFT_BFLOAT16: return is_nan16((uint16_t)v, BF16);
+    default: return false;
     }
 }
 
@@ -444,21 +444,36 @@ static void check_one(weft_dtype_t dt, weft_op_t op, const void *a, const void *
  * and into b, each checked element by element against the reference. */
 static void run_case(weft_dtype_t dt, weft_op_t op, size_t n, int divisor)
 {
-    size_t bytes = n * esize[dt];
+    size_t es = esize[dt], bytes = n * es;
     char *a = malloc(bytes + 1), *b = malloc(bytes + 1), *d = malloc(bytes + 1);
     char *a0 = malloc(bytes + 1), *b0 = malloc(bytes + 1);
-    cr_assert(a && b && d && a0 && b0);
+    uint64_t *want = malloc((n + 1) * sizeof(*want));
+    bool *nan = malloc(n + 1);
+    cr_assert(a && b && d && a0 && b0 && want && nan);
     fill(a0, n, dt);
     fill(b0, n, dt);
+    for (size_t i = 0; i < n; i++)
+        want[i] = ref_elem(dt, op, a0, b0, i, divisor, &nan[i]);
     for (int how = 0; how < 3; how++) {
         memcpy(a, a0, bytes);
         memcpy(b, b0, bytes);
         memset(d, 0x5a, bytes + 1);
-        void *dst = how == 0 ? d : how == 1 ? (void *)a : (void *)b;
+        char *dst = how == 0 ? d : how == 1 ? a : b;
         weft_reduce_local(dst, a, b, n, dt, op, divisor);
         const char *label = how == 0 ? "dst=new" : how == 1 ? "dst=a" : "dst=b";
-        for (size_t i = 0; i < n; i++)
-            check_one(dt, op, a0, b0, dst, i, divisor, label);
+        for (size_t i = 0; i < n; i++) {
+            uint64_t got = 0, x = 0, y = 0;
+            memcpy(&got, dst + i * es, es);
+            if (nan[i] ? elem_is_nan(dt, got) : got == want[i])
+                continue;
+            memcpy(&x, a0 + i * es, es);
+            memcpy(&y, b0 + i * es, es);
+            cr_assert_fail("%s %s (divisor %d, n %zu, %s) [%zu]: inputs 0x%llx, 0x%llx: "
+                           "want 0x%llx%s, got 0x%llx",
+                           dname[dt], oname[op], divisor, n, label, i, (unsigned long long)x,
+                           (unsigned long long)y, (unsigned long long)want[i],
+                           nan[i] ? " (a NaN)" : "", (unsigned long long)got);
+        }
         if (how == 0) {
             cr_assert(memcmp(a, a0, bytes) == 0 && memcmp(b, b0, bytes) == 0,
                       "%s %s: inputs changed", dname[dt], oname[op]);
@@ -466,6 +481,8 @@ static void run_case(weft_dtype_t dt, weft_op_t op, size_t n, int divisor)
                       dname[dt], oname[op], n);
         }
     }
+    free(nan);
+    free(want);
     free(a);
     free(b);
     free(d);
@@ -555,6 +572,31 @@ Test(reduce, f16_rounding_cases)
     a = 0x0001, b = 0x0001; /* bf16 subnormals */
     weft_reduce_local(&d, &a, &b, 1, WEFT_BFLOAT16, WEFT_SUM, 0);
     cr_assert(d == 0x0002, "bf16 subnormal sum: 0x%04x", d);
+}
+
+/* MAX/MIN are (a > b ? a : b) and (a < b ? a : b): ties and NaNs pick b. */
+Test(reduce, float_max_min_pick_b)
+{
+    float fa[] = { 0.0f, -0.0f, NAN, 1.0f }, fb[] = { -0.0f, 0.0f, 1.0f, NAN }, fd[4];
+    weft_reduce_local(fd, fa, fb, 4, WEFT_FLOAT32, WEFT_MAX, 0);
+    cr_assert(signbit(fd[0]) && !signbit(fd[1]) && fd[2] == 1.0f && isnan(fd[3]),
+              "f32 max: %g %g %g %g", fd[0], fd[1], fd[2], fd[3]);
+    weft_reduce_local(fd, fa, fb, 4, WEFT_FLOAT32, WEFT_MIN, 0);
+    cr_assert(signbit(fd[0]) && !signbit(fd[1]) && fd[2] == 1.0f && isnan(fd[3]),
+              "f32 min: %g %g %g %g", fd[0], fd[1], fd[2], fd[3]);
+    for (int bf = 0; bf < 2; bf++) {
+        weft_dtype_t dt = bf ? WEFT_BFLOAT16 : WEFT_FLOAT16;
+        uint16_t one = bf ? 0x3f80 : 0x3c00, qnan = bf ? 0x7fc0 : 0x7e00;
+        uint16_t ha[] = { 0x0000, 0x8000, qnan, one }, hb[] = { 0x8000, 0x0000, one, qnan };
+        uint16_t hd[4];
+        for (int op = WEFT_MAX; op <= WEFT_MIN; op++) {
+            weft_reduce_local(hd, ha, hb, 4, dt, (weft_op_t)op, 0);
+            cr_assert(hd[0] == 0x8000 && hd[1] == 0x0000 && hd[2] == one &&
+                          is_nan16(hd[3], bf ? BF16 : F16),
+                      "%s %s: 0x%04x 0x%04x 0x%04x 0x%04x", dname[dt], oname[op], hd[0], hd[1],
+                      hd[2], hd[3]);
+        }
+    }
 }
 
 Test(reduce, int_avg_truncates_toward_zero)

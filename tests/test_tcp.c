@@ -37,6 +37,7 @@ static const struct weft_transport_ops *T = &weft_tcp_ops;
 /* What the test process knows about the job; children get a copy at fork. */
 struct world {
     int nranks, nreal, nstreams;   /* ranks >= nreal are played by the test process */
+    const char *bufsize;           /* WEFT_SOCKET_BUFSIZE for the ranks, NULL: default */
     uint64_t timeout_ms;
     uint64_t job;
     uint8_t secret[WEFT_SECRET_BYTES];
@@ -170,6 +171,8 @@ static void child_main(struct world *w, int rank, int up, int down, int (*fn)(st
     snprintf(v, sizeof(v), "%d", w->nstreams);
     /* Parameters are read once per process: set before the first read. */
     setenv("WEFT_SOCKET_NSTREAMS", v, 1);
+    if (w->bufsize)
+        setenv("WEFT_SOCKET_BUFSIZE", w->bufsize, 1);
     struct rank_env e = {.w = w, .rank = rank, .up = up, .down = down};
     struct weft_transport_init a = {.comm = NULL,
                                     .rank = rank,
@@ -246,12 +249,18 @@ static void world_finish(struct world *w, unsigned killed_mask)
     }
 }
 
-static void run(int nranks, int nstreams, int (*fn)(struct rank_env *))
+static void run_buf(int nranks, int nstreams, const char *bufsize, int (*fn)(struct rank_env *))
 {
     struct world w;
     world_init(&w, nranks, nranks, nstreams, 20000);
+    w.bufsize = bufsize;
     world_start(&w, fn);
     world_finish(&w, 0);
+}
+
+static void run(int nranks, int nstreams, int (*fn)(struct rank_env *))
+{
+    run_buf(nranks, nstreams, NULL, fn);
 }
 
 /* ---- waiting inside a rank -------------------------------------------------- */
@@ -393,9 +402,10 @@ Test(tcp, pingpong_sizes, .timeout = 120)
     run(2, 1, sc_pingpong);
 }
 
-Test(tcp, pingpong_sizes_2_streams, .timeout = 120)
+/* Kernel-sized buffers, and with them other partial-write patterns. */
+Test(tcp, pingpong_sizes_2_streams_kernel_buffers, .timeout = 120)
 {
-    run(2, 2, sc_pingpong);
+    run_buf(2, 2, "0", sc_pingpong);
 }
 
 /* Both ranks send large messages at once: no deadlock, both arrive. */
@@ -433,9 +443,10 @@ Test(tcp, both_directions_large, .timeout = 120)
     run(2, 1, sc_both_ways);
 }
 
-Test(tcp, both_directions_large_4_streams, .timeout = 120)
+/* Small socket buffers: every message is written in many pieces. */
+Test(tcp, both_directions_large_4_streams_64k_buffers, .timeout = 120)
 {
-    run(2, 4, sc_both_ways);
+    run_buf(2, 4, "64K", sc_both_ways);
 }
 
 /* 1000 small messages each way, all in flight at once, sizes 0..250. */
@@ -480,9 +491,9 @@ Test(tcp, many_small_1_stream, .timeout = 60)
     run(2, 1, sc_many_small);
 }
 
-Test(tcp, many_small_2_streams, .timeout = 60)
+Test(tcp, many_small_2_streams_8k_buffers, .timeout = 60)
 {
-    run(2, 2, sc_many_small);
+    run_buf(2, 2, "8K", sc_many_small);
 }
 
 Test(tcp, many_small_4_streams, .timeout = 60)
@@ -530,9 +541,10 @@ static int sc_long_into_short(struct rank_env *e)
         weft_status_t st = wait_req(e, r, NULL, 10000);
         CHECK(st == WEFT_OK || st == WEFT_ERR_REMOTE);
         CHECK(T->irecv(e->conn[1], in, sizeof(in), NULL, &r) == WEFT_OK);
-        st = wait_req(e, r, NULL, 10000);
+        st = wait_req(e, r, NULL, 5000);
         CHECKF(st == WEFT_ERR_REMOTE, "sender got %s", weft_status_string(st));
         CHECK(strstr(weft_thread_last_error(), "rank 1") != NULL);
+        tell_parent(e);
     } else {
         uint8_t small[1024];
         memset(small, 0xEE, sizeof(small));
@@ -549,13 +561,22 @@ static int sc_long_into_short(struct rank_env *e)
         CHECK(wait_req(e, r, NULL, 1000) == WEFT_ERR_REMOTE);
         CHECK(T->isend(e->conn[0], small, 8, NULL, &r) == WEFT_OK);
         CHECK(wait_req(e, r, NULL, 1000) == WEFT_ERR_REMOTE);
+        /* Alive until rank 0 has seen the failure: the closed sockets must
+         * tell it, not our exit. */
+        progress_until_go(e, 20000);
     }
     return 0;
 }
 
 Test(tcp, long_message_into_short_receive, .timeout = 30)
 {
-    run(2, 1, sc_long_into_short);
+    struct world w;
+    world_init(&w, 2, 2, 1, 20000);
+    world_start(&w, sc_long_into_short);
+    char c;
+    cr_assert(read_full(w.up[0], &c, 1, 20000), "rank 0 did not see the failure");
+    cr_assert(write_full(w.down[1], &c, 1));
+    world_finish(&w, 0);
 }
 
 /* Rank 1 is killed while rank 0 waits in a receive from it. */
@@ -714,6 +735,31 @@ Test(tcp, strangers_are_dropped, .timeout = 60)
     world_finish(&w, 0);
 }
 
+/* More silent strangers than the 64 handshakes a rank keeps: the oldest
+ * are closed at once instead of at their deadline, and the job goes on. */
+Test(tcp, handshake_flood_evicts_oldest, .timeout = 60)
+{
+    enum { FLOOD = 70 };
+    struct world w;
+    world_init(&w, 2, 2, 1, 20000); /* handshakes would wait 10 s */
+    world_start(&w, sc_exchange_after_go);
+    char c;
+    cr_assert(read_full(w.up[0], &c, 1, 20000));
+    cr_assert(read_full(w.up[1], &c, 1, 20000));
+    int fds[FLOOD];
+    for (int i = 0; i < FLOOD; i++)
+        fds[i] = tcp_connect_to(&w.addr[0]);
+    for (int i = 0; i < FLOOD - 64; i++)
+        cr_expect(closed_within(fds[i], 3000), "stranger %d was not evicted", i);
+    cr_expect(!closed_within(fds[FLOOD - 1], 300), "the newest stranger was evicted");
+    for (int i = 0; i < FLOOD; i++)
+        close(fds[i]);
+    c = 'g';
+    cr_assert(write_full(w.down[0], &c, 1));
+    cr_assert(write_full(w.down[1], &c, 1));
+    world_finish(&w, 0);
+}
+
 /* Rank 0 waits for 1 KiB from rank 1, which the test process plays with
  * the job secret, sending a forged frame. */
 static uint8_t g_forged[24];
@@ -730,8 +776,9 @@ static int sc_forged_frame(struct rank_env *e)
     CHECK(all_bytes(buf, sizeof(buf), 0xEE));
     const char *msg = weft_thread_last_error();
     CHECKF(strstr(msg, "rank 1") != NULL, "%s", msg);
-    CHECKF(strstr(msg, g_forged_len > 1024 ? "sent 4096 bytes" : "bad frame from rank 1 on stream 0"),
-           "%s", msg);
+    const char *want =
+        g_forged_len > 1024 ? "sent 4096 bytes" : "bad frame from rank 1 on stream 0";
+    CHECKF(strstr(msg, want), "%s", msg);
     /* Keep serving the listener while the forger tries to come back. */
     tell_parent(e);
     progress_until_go(e, 20000);

@@ -1,0 +1,1068 @@
+/*
+ * test_schedule.c - proves schedules correct by running them symbolically.
+ *
+ * The schedules of all ranks are built, sends are matched to receives (the
+ * k-th send from A to B meets the k-th receive on B from A), and steps run
+ * as their dependencies allow.  Instead of numbers, every element carries
+ * which ranks' inputs it holds and which input position it came from, kept
+ * as runs over each rank's memory, so a million elements cost a few runs.
+ * A separate static check requires that any two steps of a rank touching
+ * the same memory (one of them writing) are ordered by dependencies, with
+ * and without sendbuf and recvbuf being the same memory, so that every
+ * execution order the engine may pick computes the same thing.
+ */
+#include <criterion/criterion.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algorithms/schedule.h"
+
+#define MAXP 64
+
+/* ---- element values ----------------------------------------------------------- */
+
+enum { V_UNINIT = 1, V_DUP = 2, V_MISPLACED = 4 };
+
+/* What one element holds: the set of ranks whose input is combined in it,
+ * the input position it stands for (address + delta, so a run of elements
+ * copied together shares one delta), and the FINAL reduction it came from. */
+struct val {
+    uint64_t ranks;
+    int64_t delta;
+    int64_t origin; /* rank << 32 | step of the FINAL reduction, or -1 */
+    uint32_t flags; /* V_* */
+};
+
+static bool val_eq(const struct val *a, const struct val *b)
+{
+    return a->ranks == b->ranks && a->delta == b->delta && a->origin == b->origin &&
+           a->flags == b->flags;
+}
+
+/* A run inside a region read out of memory: off is relative to the region,
+ * and so is v.delta (position = off-in-region + delta). */
+struct run {
+    size_t off;
+    struct val v;
+};
+
+struct runs {
+    struct run *r;
+    size_t n, cap;
+};
+
+static void runs_push(struct runs *rs, size_t off, struct val v)
+{
+    if (rs->n && val_eq(&rs->r[rs->n - 1].v, &v))
+        return; /* same value continues */
+    if (rs->n == rs->cap) {
+        rs->cap = rs->cap ? rs->cap * 2 : 16;
+        rs->r = realloc(rs->r, rs->cap * sizeof(*rs->r));
+        cr_assert(rs->r);
+    }
+    rs->r[rs->n].off = off;
+    rs->r[rs->n].v = v;
+    rs->n++;
+}
+
+/* One rank's memory: runs sorted by start, covering [0, size). */
+struct segmap {
+    struct run *s;
+    size_t n, cap, size;
+};
+
+static size_t seg_find(const struct segmap *m, size_t addr)
+{
+    size_t lo = 0, hi = m->n; /* last run with start <= addr */
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if (m->s[mid].off <= addr)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static void seg_reserve(struct segmap *m, size_t extra)
+{
+    if (m->n + extra <= m->cap)
+        return;
+    while (m->n + extra > m->cap)
+        m->cap = m->cap ? m->cap * 2 : 16;
+    m->s = realloc(m->s, m->cap * sizeof(*m->s));
+    cr_assert(m->s);
+}
+
+static void seg_split(struct segmap *m, size_t addr)
+{
+    if (addr == 0 || addr >= m->size)
+        return;
+    size_t i = seg_find(m, addr);
+    if (m->s[i].off == addr)
+        return;
+    seg_reserve(m, 1);
+    memmove(&m->s[i + 2], &m->s[i + 1], (m->n - i - 1) * sizeof(*m->s));
+    m->s[i + 1].off = addr;
+    m->s[i + 1].v = m->s[i].v; /* delta is per address: a split keeps it */
+    m->n++;
+}
+
+static void seg_init(struct segmap *m, size_t size)
+{
+    memset(m, 0, sizeof(*m));
+    m->size = size;
+    seg_reserve(m, 1);
+    m->s[0].off = 0;
+    m->s[0].v = (struct val){ 0, 0, -1, V_UNINIT };
+    m->n = 1;
+}
+
+static void seg_read(const struct segmap *m, size_t addr, size_t len, struct runs *out)
+{
+    out->n = 0;
+    if (len == 0)
+        return;
+    for (size_t i = seg_find(m, addr); i < m->n && m->s[i].off < addr + len; i++) {
+        size_t start = WEFT_MAX(m->s[i].off, addr);
+        struct val v = m->s[i].v;
+        v.delta += (int64_t)addr;
+        runs_push(out, start - addr, v);
+    }
+}
+
+static void seg_write(struct segmap *m, size_t addr, size_t len, const struct runs *in)
+{
+    seg_split(m, addr);
+    seg_split(m, addr + len);
+    size_t i0 = seg_find(m, addr);
+    size_t i1 = i0;
+    while (i1 < m->n && m->s[i1].off < addr + len)
+        i1++;
+    seg_reserve(m, in->n);
+    memmove(&m->s[i0 + in->n], &m->s[i1], (m->n - i1) * sizeof(*m->s));
+    m->n = m->n - (i1 - i0) + in->n;
+    for (size_t k = 0; k < in->n; k++) {
+        m->s[i0 + k].off = addr + in->r[k].off;
+        m->s[i0 + k].v = in->r[k].v;
+        m->s[i0 + k].v.delta -= (int64_t)addr;
+    }
+    /* Merge equal neighbours at the two seams so maps stay short. */
+    size_t lo = i0 ? i0 - 1 : 0, hi = WEFT_MIN(i0 + in->n + 1, m->n);
+    size_t w = lo;
+    for (size_t k = lo + 1; k < hi; k++) {
+        if (val_eq(&m->s[w].v, &m->s[k].v))
+            continue;
+        m->s[++w] = m->s[k];
+    }
+    size_t removed = hi - (w + 1);
+    if (removed) {
+        memmove(&m->s[w + 1], &m->s[hi], (m->n - hi) * sizeof(*m->s));
+        m->n -= removed;
+    }
+}
+
+/* ---- the simulator -------------------------------------------------------------- */
+
+struct sim_rank {
+    const struct weft_schedule *s;
+    struct segmap mem;
+    size_t base[3], len[3];  /* per weft_buf_id, in elements */
+    int32_t *match_rank, *match_step;
+    int32_t *ndeps;          /* deps not yet complete */
+    uint8_t *state;          /* 0 waiting, 1 ready, 2 done */
+    int32_t *dep_start, *dep_list; /* CSR: the steps that depend on a step */
+};
+
+struct sim {
+    int coll, p, root;
+    size_t count;
+    bool inplace;
+    struct sim_rank r[MAXP];
+    char err[600];
+    struct runs ra, rb, rc;
+    int32_t *stack; /* ready steps as rank << 32 | step */
+    size_t nstack, capstack;
+};
+
+static bool fail(struct sim *sm, const char *fmt, ...) WEFT_PRINTF(2, 3);
+static bool fail(struct sim *sm, const char *fmt, ...)
+{
+    if (sm->err[0])
+        return false; /* keep the first error */
+    int n = snprintf(sm->err, sizeof(sm->err), "%s p=%d root=%d count=%zu %s: ",
+                     weft_coll_name(sm->coll), sm->p, sm->root, sm->count,
+                     sm->inplace ? "in place" : "out of place");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(sm->err + n, sizeof(sm->err) - (size_t)n, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+static const char *kind_name(int k)
+{
+    static const char *const n[] = { "SEND", "RECV", "RECV_REDUCE", "COPY" };
+    return k >= 0 && k < 4 ? n[k] : "?";
+}
+
+/* Where each buffer lives in a rank's memory.  In place, sendbuf and
+ * recvbuf overlap as weft.h says (allgather: send = recv + rank*count;
+ * reduce_scatter: recv = send + rank*count; others: the same memory). */
+static void layout(struct sim *sm, int rank, const struct weft_coll_desc *d, size_t scratch)
+{
+    struct sim_rank *r = &sm->r[rank];
+    size_t sc = weft_coll_send_count(d), rc = weft_coll_recv_count(d);
+    r->len[WEFT_BUF_SEND] = sc;
+    r->len[WEFT_BUF_RECV] = rc;
+    r->len[WEFT_BUF_SCRATCH] = scratch;
+    size_t top;
+    if (!sm->inplace) {
+        r->base[WEFT_BUF_SEND] = 0;
+        r->base[WEFT_BUF_RECV] = sc;
+        top = sc + rc;
+    } else if (sm->coll == WEFT_COLL_ALLGATHER) {
+        r->base[WEFT_BUF_RECV] = 0;
+        r->base[WEFT_BUF_SEND] = (size_t)rank * sm->count;
+        top = rc;
+    } else if (sm->coll == WEFT_COLL_REDUCE_SCATTER) {
+        r->base[WEFT_BUF_SEND] = 0;
+        r->base[WEFT_BUF_RECV] = (size_t)rank * sm->count;
+        top = sc;
+    } else {
+        r->base[WEFT_BUF_SEND] = r->base[WEFT_BUF_RECV] = 0;
+        top = WEFT_MAX(sc, rc);
+    }
+    r->base[WEFT_BUF_SCRATCH] = top;
+    seg_init(&r->mem, top + scratch + 1);
+    if (sc) {
+        struct runs in = { 0 };
+        runs_push(&in, 0, (struct val){ 1ull << rank, 0, -1, 0 });
+        seg_write(&r->mem, r->base[WEFT_BUF_SEND], sc, &in);
+        free(in.r);
+    }
+}
+
+static bool buf_uses(const struct weft_step *st, int buf)
+{
+    bool src = st->kind == WEFT_STEP_RECV_REDUCE || st->kind == WEFT_STEP_COPY;
+    return st->buf == buf || (src && st->src_buf == buf);
+}
+
+/* Per-step rules that need no execution. */
+static bool check_steps(struct sim *sm, int rank)
+{
+    const struct weft_schedule *s = sm->r[rank].s;
+    const struct sim_rank *r = &sm->r[rank];
+    for (size_t i = 0; i < s->nsteps; i++) {
+        const struct weft_step *st = &s->steps[i];
+        if (st->kind > WEFT_STEP_COPY)
+            return fail(sm, "rank %d step %zu: kind %d", rank, i, st->kind);
+        if (st->count == 0)
+            return fail(sm, "rank %d step %zu: count 0", rank, i);
+        if (st->buf > WEFT_BUF_SCRATCH || st->src_buf > WEFT_BUF_SCRATCH)
+            return fail(sm, "rank %d step %zu: buffer id %d/%d", rank, i, st->buf, st->src_buf);
+        if (st->kind == WEFT_STEP_COPY ? st->peer != -1
+                                       : (st->peer < 0 || st->peer >= sm->p || st->peer == rank))
+            return fail(sm, "rank %d step %zu (%s): peer %d", rank, i, kind_name(st->kind),
+                        st->peer);
+        for (int k = 0; k < WEFT_STEP_MAX_DEPS; k++)
+            if (st->deps[k] < -1 || st->deps[k] >= (int32_t)i)
+                return fail(sm, "rank %d step %zu: dep %d", rank, i, st->deps[k]);
+        if ((st->flags & WEFT_STEP_FINAL) && st->kind != WEFT_STEP_RECV_REDUCE)
+            return fail(sm, "rank %d step %zu: FINAL on a %s", rank, i, kind_name(st->kind));
+        if (st->off > r->len[st->buf] || st->count > r->len[st->buf] - st->off)
+            return fail(sm, "rank %d step %zu (%s): [%zu, +%zu) outside buffer %d of %zu", rank,
+                        i, kind_name(st->kind), st->off, st->count, st->buf, r->len[st->buf]);
+        bool has_src = st->kind == WEFT_STEP_RECV_REDUCE || st->kind == WEFT_STEP_COPY;
+        if (has_src && (st->src_off > r->len[st->src_buf] ||
+                        st->count > r->len[st->src_buf] - st->src_off))
+            return fail(sm, "rank %d step %zu (%s): source [%zu, +%zu) outside buffer %d of %zu",
+                        rank, i, kind_name(st->kind), st->src_off, st->count, st->src_buf,
+                        r->len[st->src_buf]);
+        if (st->kind != WEFT_STEP_SEND && st->buf == WEFT_BUF_SEND)
+            return fail(sm, "rank %d step %zu (%s) writes sendbuf", rank, i, kind_name(st->kind));
+        if (sm->coll == WEFT_COLL_BROADCAST && rank != sm->root && buf_uses(st, WEFT_BUF_SEND))
+            return fail(sm, "rank %d step %zu: a non-root reads sendbuf", rank, i);
+        if (sm->coll == WEFT_COLL_REDUCE && rank != sm->root && buf_uses(st, WEFT_BUF_RECV))
+            return fail(sm, "rank %d step %zu: a non-root touches recvbuf", rank, i);
+        if (st->kind == WEFT_STEP_RECV_REDUCE && sm->coll != WEFT_COLL_ALLREDUCE &&
+            sm->coll != WEFT_COLL_REDUCE_SCATTER && sm->coll != WEFT_COLL_REDUCE)
+            return fail(sm, "rank %d step %zu: RECV_REDUCE in a collective without reduction",
+                        rank, i);
+    }
+    return true;
+}
+
+/* Pairs the k-th send A->B with the k-th receive on B from A. */
+static bool match_all(struct sim *sm)
+{
+    int p = sm->p;
+    size_t *nsend = calloc((size_t)p * p, sizeof(size_t));
+    size_t *nrecv = calloc((size_t)p * p, sizeof(size_t));
+    int32_t **sends = calloc((size_t)p * p, sizeof(int32_t *));
+    cr_assert(nsend && nrecv && sends);
+    bool ok = true;
+    /* Collect each rank's sends per destination, in order. */
+    for (int a = 0; a < p; a++) {
+        const struct weft_schedule *s = sm->r[a].s;
+        for (size_t i = 0; i < s->nsteps; i++) {
+            if (s->steps[i].kind != WEFT_STEP_SEND)
+                continue;
+            size_t key = (size_t)a * p + (size_t)s->steps[i].peer;
+            sends[key] = realloc(sends[key], (nsend[key] + 1) * sizeof(int32_t));
+            cr_assert(sends[key]);
+            sends[key][nsend[key]++] = (int32_t)i;
+        }
+    }
+    for (int b = 0; b < p && ok; b++) {
+        const struct weft_schedule *s = sm->r[b].s;
+        for (size_t i = 0; i < s->nsteps && ok; i++) {
+            const struct weft_step *st = &s->steps[i];
+            if (st->kind != WEFT_STEP_RECV && st->kind != WEFT_STEP_RECV_REDUCE)
+                continue;
+            int a = st->peer;
+            size_t key = (size_t)a * p + (size_t)b;
+            size_t k = nrecv[key]++;
+            if (k >= nsend[key]) {
+                ok = fail(sm, "rank %d step %zu: receive #%zu from %d has no send", b, i, k, a);
+                break;
+            }
+            int32_t j = sends[key][k];
+            const struct weft_step *sst = &sm->r[a].s->steps[j];
+            if (sst->count != st->count) {
+                ok = fail(sm, "rank %d step %d sends %zu, rank %d step %zu receives %zu", a, j,
+                          sst->count, b, i, st->count);
+                break;
+            }
+            sm->r[b].match_rank[i] = a;
+            sm->r[b].match_step[i] = j;
+            sm->r[a].match_rank[j] = b;
+            sm->r[a].match_step[j] = (int32_t)i;
+        }
+    }
+    for (size_t key = 0; ok && key < (size_t)p * p; key++)
+        if (nsend[key] != nrecv[key])
+            ok = fail(sm, "rank %zu sends %zu messages to rank %zu, which receives %zu",
+                      key / (size_t)p, nsend[key], key % (size_t)p, nrecv[key]);
+    for (size_t key = 0; key < (size_t)p * p; key++)
+        free(sends[key]);
+    free(sends);
+    free(nsend);
+    free(nrecv);
+    return ok;
+}
+
+static void push_ready(struct sim *sm, int rank, int32_t step)
+{
+    if (sm->nstack + 2 > sm->capstack) {
+        sm->capstack = sm->capstack ? sm->capstack * 2 : 1024;
+        sm->stack = realloc(sm->stack, sm->capstack * sizeof(int32_t));
+        cr_assert(sm->stack);
+    }
+    sm->stack[sm->nstack++] = rank;
+    sm->stack[sm->nstack++] = step;
+}
+
+static void complete(struct sim *sm, int rank, int32_t step)
+{
+    struct sim_rank *r = &sm->r[rank];
+    r->state[step] = 2;
+    for (int32_t k = r->dep_start[step]; k < r->dep_start[step + 1]; k++) {
+        int32_t j = r->dep_list[k];
+        if (--r->ndeps[j] == 0)
+            push_ready(sm, rank, j);
+    }
+}
+
+static size_t addr_of(const struct sim_rank *r, int buf, size_t off)
+{
+    return r->base[buf] + off;
+}
+
+/* The receive side of a matched pair (or a COPY): data in sm->ra. */
+static bool deliver(struct sim *sm, int rank, int32_t step)
+{
+    struct sim_rank *r = &sm->r[rank];
+    const struct weft_step *st = &r->s->steps[step];
+    size_t dst = addr_of(r, st->buf, st->off);
+    if (st->kind != WEFT_STEP_RECV_REDUCE) {
+        seg_write(&r->mem, dst, st->count, &sm->ra);
+        return true;
+    }
+    /* local operand op incoming, run by run */
+    seg_read(&r->mem, addr_of(r, st->src_buf, st->src_off), st->count, &sm->rb);
+    sm->rc.n = 0;
+    uint64_t all = sm->p == 64 ? ~0ull : (1ull << sm->p) - 1;
+    size_t ia = 0, ib = 0, off = 0;
+    while (off < st->count) {
+        while (ia + 1 < sm->ra.n && sm->ra.r[ia + 1].off <= off)
+            ia++;
+        while (ib + 1 < sm->rb.n && sm->rb.r[ib + 1].off <= off)
+            ib++;
+        const struct val *x = &sm->rb.r[ib].v, *y = &sm->ra.r[ia].v;
+        struct val v = { x->ranks | y->ranks, x->delta, -1, x->flags | y->flags };
+        if (x->ranks & y->ranks)
+            v.flags |= V_DUP;
+        if (x->delta != y->delta)
+            v.flags |= V_MISPLACED;
+        bool full = v.ranks == all && v.flags == 0;
+        bool final = st->flags & WEFT_STEP_FINAL;
+        if (v.flags & V_UNINIT)
+            return fail(sm, "rank %d step %d: reduces an element nobody wrote", rank, step);
+        if (v.flags & V_DUP)
+            return fail(sm, "rank %d step %d: combines rank input twice (0x%llx with 0x%llx)",
+                        rank, step, (unsigned long long)x->ranks, (unsigned long long)y->ranks);
+        if (v.flags & V_MISPLACED)
+            return fail(sm, "rank %d step %d: combines input positions %lld and %lld", rank, step,
+                        (long long)(x->delta + (int64_t)off), (long long)(y->delta + (int64_t)off));
+        if (final != full)
+            return fail(sm, "rank %d step %d: %s (ranks 0x%llx)", rank, step,
+                        final ? "FINAL on a partial result" : "the final reduction lacks FINAL",
+                        (unsigned long long)v.ranks);
+        if (final)
+            v.origin = (int64_t)rank << 32 | step;
+        runs_push(&sm->rc, off, v);
+        size_t na = ia + 1 < sm->ra.n ? sm->ra.r[ia + 1].off : st->count;
+        size_t nb = ib + 1 < sm->rb.n ? sm->rb.r[ib + 1].off : st->count;
+        off = WEFT_MIN(na, nb);
+    }
+    seg_write(&r->mem, dst, st->count, &sm->rc);
+    return true;
+}
+
+static bool step_ready(struct sim *sm, int rank, int32_t step)
+{
+    struct sim_rank *r = &sm->r[rank];
+    const struct weft_step *st = &r->s->steps[step];
+    if (st->kind == WEFT_STEP_COPY) {
+        seg_read(&r->mem, addr_of(r, st->src_buf, st->src_off), st->count, &sm->ra);
+        if (!deliver(sm, rank, step))
+            return false;
+        complete(sm, rank, step);
+        return true;
+    }
+    r->state[step] = 1;
+    int pr = r->match_rank[step];
+    int32_t ps = r->match_step[step];
+    if (sm->r[pr].state[ps] != 1)
+        return true; /* the peer's side is not ready yet */
+    int sr = st->kind == WEFT_STEP_SEND ? rank : pr, rr = sr == rank ? pr : rank;
+    int32_t ss = sr == rank ? step : ps, rs = sr == rank ? ps : step;
+    const struct weft_step *sst = &sm->r[sr].s->steps[ss];
+    seg_read(&sm->r[sr].mem, addr_of(&sm->r[sr], sst->buf, sst->off), sst->count, &sm->ra);
+    if (!deliver(sm, rr, rs))
+        return false;
+    complete(sm, sr, ss);
+    complete(sm, rr, rs);
+    return true;
+}
+
+static bool run_all(struct sim *sm)
+{
+    for (int rank = 0; rank < sm->p; rank++) {
+        struct sim_rank *r = &sm->r[rank];
+        size_t n = r->s->nsteps;
+        r->match_rank = malloc((n + 1) * sizeof(int32_t));
+        r->match_step = malloc((n + 1) * sizeof(int32_t));
+        r->ndeps = calloc(n + 1, sizeof(int32_t));
+        r->state = calloc(n + 1, 1);
+        r->dep_start = calloc(n + 2, sizeof(int32_t));
+        cr_assert(r->match_rank && r->match_step && r->ndeps && r->state && r->dep_start);
+        size_t ne = 0;
+        for (size_t i = 0; i < n; i++)
+            for (int k = 0; k < WEFT_STEP_MAX_DEPS; k++)
+                if (r->s->steps[i].deps[k] >= 0) {
+                    r->dep_start[r->s->steps[i].deps[k] + 1]++;
+                    r->ndeps[i]++;
+                    ne++;
+                }
+        for (size_t i = 0; i < n; i++)
+            r->dep_start[i + 1] += r->dep_start[i];
+        r->dep_list = malloc((ne + 1) * sizeof(int32_t));
+        int32_t *fillp = calloc(n + 1, sizeof(int32_t));
+        cr_assert(r->dep_list && fillp);
+        for (size_t i = 0; i < n; i++)
+            for (int k = 0; k < WEFT_STEP_MAX_DEPS; k++) {
+                int32_t d = r->s->steps[i].deps[k];
+                if (d >= 0)
+                    r->dep_list[r->dep_start[d] + fillp[d]++] = (int32_t)i;
+            }
+        free(fillp);
+    }
+    if (!match_all(sm))
+        return false;
+    for (int rank = 0; rank < sm->p; rank++)
+        for (size_t i = 0; i < sm->r[rank].s->nsteps; i++)
+            if (sm->r[rank].ndeps[i] == 0)
+                push_ready(sm, rank, (int32_t)i);
+    while (sm->nstack) {
+        int32_t step = sm->stack[--sm->nstack];
+        int rank = sm->stack[--sm->nstack];
+        if (!step_ready(sm, rank, step))
+            return false;
+    }
+    for (int rank = 0; rank < sm->p; rank++) {
+        const struct sim_rank *r = &sm->r[rank];
+        for (size_t i = 0; i < r->s->nsteps; i++)
+            if (r->state[i] != 2)
+                return fail(sm, "deadlock: rank %d step %zu (%s, peer %d) never completes", rank,
+                            i, kind_name(r->s->steps[i].kind), r->s->steps[i].peer);
+    }
+    return true;
+}
+
+/* Any two steps of a rank that touch overlapping memory, one writing, must
+ * be ordered by dependencies (an engine may run unordered steps at once). */
+static bool check_races(struct sim *sm, int rank)
+{
+    const struct sim_rank *r = &sm->r[rank];
+    const struct weft_step *steps = r->s->steps;
+    size_t n = r->s->nsteps, words = (n + 63) / 64;
+    uint64_t *anc = calloc(n * words + 1, sizeof(uint64_t));
+    size_t *rd = malloc((n + 1) * sizeof(size_t)), *wr = malloc((n + 1) * sizeof(size_t));
+    bool *hr = calloc(n + 1, 1), *hw = calloc(n + 1, 1);
+    cr_assert(anc && rd && wr && hr && hw);
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; i++) {
+        const struct weft_step *st = &steps[i];
+        for (int k = 0; k < WEFT_STEP_MAX_DEPS; k++) {
+            int32_t d = st->deps[k];
+            if (d < 0)
+                continue;
+            for (size_t w = 0; w < words; w++)
+                anc[i * words + w] |= anc[(size_t)d * words + w];
+            anc[i * words + (size_t)d / 64] |= 1ull << (d % 64);
+        }
+        size_t dst = addr_of(r, st->buf, st->off);
+        size_t src = addr_of(r, st->src_buf, st->src_off);
+        switch (st->kind) {
+        case WEFT_STEP_SEND: hr[i] = true, rd[i] = dst; break;
+        case WEFT_STEP_RECV: hw[i] = true, wr[i] = dst; break;
+        default:
+            if (st->kind == WEFT_STEP_COPY && src == dst)
+                break; /* the engine skips a copy onto itself */
+            hr[i] = hw[i] = true, rd[i] = src, wr[i] = dst;
+            if (src != dst && src < dst + st->count && dst < src + st->count)
+                ok = fail(sm, "rank %d step %zu (%s): source and destination overlap partly",
+                          rank, i, kind_name(st->kind));
+            break;
+        }
+    }
+    for (size_t j = 0; j < n && ok; j++) {
+        for (size_t i = 0; i < j && ok; i++) {
+            if (anc[j * words + i / 64] >> (i % 64) & 1)
+                continue;
+            size_t ci = steps[i].count, cj = steps[j].count;
+#define OVL(a, b) ((a) < (b) + cj && (b) < (a) + ci)
+            bool clash = (hw[i] && hw[j] && OVL(wr[i], wr[j])) ||
+                         (hw[i] && hr[j] && OVL(wr[i], rd[j])) ||
+                         (hr[i] && hw[j] && OVL(rd[i], wr[j]));
+#undef OVL
+            if (clash)
+                ok = fail(sm, "rank %d: steps %zu (%s) and %zu (%s) touch the same memory "
+                          "unordered", rank, i, kind_name(steps[i].kind), j,
+                          kind_name(steps[j].kind));
+        }
+    }
+    free(anc);
+    free(rd);
+    free(wr);
+    free(hr);
+    free(hw);
+    return ok;
+}
+
+/* What every rank's recvbuf must hold at the end. */
+static bool check_outputs(struct sim *sm)
+{
+    uint64_t all = sm->p == 64 ? ~0ull : (1ull << sm->p) - 1;
+    size_t n = sm->count;
+    struct runs ref = { 0 };
+    bool ok = true;
+    for (int rank = 0; rank < sm->p && ok; rank++) {
+        struct sim_rank *r = &sm->r[rank];
+        if (sm->coll == WEFT_COLL_REDUCE && rank != sm->root)
+            continue;
+        size_t len = r->len[WEFT_BUF_RECV];
+        seg_read(&r->mem, r->base[WEFT_BUF_RECV], len, &sm->ra);
+        for (size_t k = 0; k < sm->ra.n && ok; k++) {
+            size_t off = sm->ra.r[k].off;
+            size_t end = k + 1 < sm->ra.n ? sm->ra.r[k + 1].off : len;
+            const struct val *v = &sm->ra.r[k].v;
+            /* Expected source rank set and position of element off. */
+            uint64_t want_ranks = all;
+            int64_t want_delta = 0; /* position - index */
+            if (sm->coll == WEFT_COLL_REDUCE_SCATTER) {
+                want_delta = (int64_t)((size_t)rank * n);
+            } else if (sm->coll == WEFT_COLL_ALLGATHER) {
+                size_t b = off / n; /* len > 0, so n > 0 */
+                if ((end - 1) / n != b)
+                    ok = fail(sm, "rank %d recv[%zu..%zu): one run spans two ranks' blocks",
+                              rank, off, end);
+                want_ranks = 1ull << b;
+                want_delta = -(int64_t)(b * n);
+            } else if (sm->coll == WEFT_COLL_BROADCAST) {
+                want_ranks = 1ull << sm->root;
+            }
+            if (ok && (v->flags || v->ranks != want_ranks || v->delta != want_delta))
+                ok = fail(sm, "rank %d recv[%zu..%zu): holds ranks 0x%llx position %+lld "
+                          "flags %u, wants ranks 0x%llx position %+lld",
+                          rank, off, end, (unsigned long long)v->ranks, (long long)v->delta,
+                          v->flags, (unsigned long long)want_ranks, (long long)want_delta);
+        }
+        /* Allreduce: every rank holds the value made by the same FINAL step. */
+        if (ok && sm->coll == WEFT_COLL_ALLREDUCE) {
+            if (rank == 0) {
+                ref.n = 0;
+                for (size_t k = 0; k < sm->ra.n; k++)
+                    runs_push(&ref, sm->ra.r[k].off, sm->ra.r[k].v);
+            } else {
+                bool same = ref.n == sm->ra.n;
+                for (size_t k = 0; same && k < ref.n; k++)
+                    same = ref.r[k].off == sm->ra.r[k].off && val_eq(&ref.r[k].v, &sm->ra.r[k].v);
+                if (!same)
+                    ok = fail(sm, "rank %d's result was not made by the same reductions as "
+                              "rank 0's (results could differ in their bits)", rank);
+            }
+        }
+    }
+    free(ref.r);
+    return ok;
+}
+
+static void sim_free(struct sim *sm)
+{
+    for (int i = 0; i < MAXP; i++) {
+        struct sim_rank *r = &sm->r[i];
+        free(r->mem.s);
+        free(r->match_rank);
+        free(r->match_step);
+        free(r->ndeps);
+        free(r->state);
+        free(r->dep_start);
+        free(r->dep_list);
+    }
+    free(sm->ra.r);
+    free(sm->rb.r);
+    free(sm->rc.r);
+    free(sm->stack);
+}
+
+/* Checks the given schedules (one per rank) of a collective; false with
+ * err filled on the first problem. */
+static bool verify(int coll, int p, int root, size_t count, struct weft_schedule *sch, char *err,
+                   size_t errlen)
+{
+    bool ok = true;
+    for (int mode = 0; mode < 2 && ok; mode++) {
+        struct sim *sm = calloc(1, sizeof(*sm));
+        cr_assert(sm);
+        sm->coll = coll;
+        sm->p = p;
+        sm->root = root;
+        sm->count = count;
+        sm->inplace = mode == 1;
+        for (int rank = 0; rank < p; rank++) {
+            struct weft_coll_desc d = { coll, rank, p, root, count, 1 };
+            sm->r[rank].s = &sch[rank];
+            layout(sm, rank, &d, sch[rank].scratch_count);
+        }
+        for (int rank = 0; rank < p && ok; rank++)
+            ok = check_steps(sm, rank) && check_races(sm, rank);
+        ok = ok && run_all(sm) && check_outputs(sm);
+        if (!ok)
+            snprintf(err, errlen, "%s", sm->err);
+        sim_free(sm);
+        free(sm);
+    }
+    return ok;
+}
+
+/* ---- the ring, checked -------------------------------------------------------- */
+
+static void build_all(int coll, int p, int root, size_t count, size_t chunk,
+                      struct weft_schedule *sch)
+{
+    for (int rank = 0; rank < p; rank++) {
+        struct weft_coll_desc d = { coll, rank, p, root, count, chunk };
+        weft_sched_init(&sch[rank]);
+        weft_status_t st = weft_ring_build(&d, &sch[rank]);
+        cr_assert(st == WEFT_OK, "%s p=%d rank=%d root=%d count=%zu chunk=%zu: %s (%s)",
+                  weft_coll_name(coll), p, rank, root, count, chunk, weft_status_string(st),
+                  weft_last_error(NULL));
+    }
+}
+
+static void free_all(int p, struct weft_schedule *sch)
+{
+    for (int rank = 0; rank < p; rank++)
+        weft_sched_free(&sch[rank]);
+}
+
+static void check_ring(int coll, int p, int root, size_t count, size_t chunk)
+{
+    struct weft_schedule sch[MAXP];
+    char err[700];
+    build_all(coll, p, root, count, chunk, sch);
+    bool ok = verify(coll, p, root, count, sch, err, sizeof(err));
+    free_all(p, sch);
+    cr_assert(ok, "chunk %zu: %s", chunk, err);
+}
+
+/* Ranks pmin..pmax, then 31 and 64 when with_big. */
+static void ring_matrix(int coll, int pmin, int pmax, bool with_big)
+{
+    int ps[MAXP], np = 0;
+    for (int p = pmin; p <= pmax; p++)
+        ps[np++] = p;
+    if (with_big) {
+        ps[np++] = 31;
+        ps[np++] = 64;
+    }
+    for (int i = 0; i < np; i++) {
+        int p = ps[i];
+        /* Allgather and reduce_scatter count per block, the others per
+         * rank: their large and many-chunk cases are scaled so that steps
+         * per rank stay comparable (the race check is quadratic in them). */
+        bool per_block = coll == WEFT_COLL_ALLGATHER || coll == WEFT_COLL_REDUCE_SCATTER;
+        size_t small = per_block ? 17 : 10 * (size_t)p + 7;
+        size_t big = per_block ? 1 << 18 : 65536;
+        /* 9p+1 in chunks of 3: block 0 has one chunk more than the rest. */
+        size_t uneven = per_block ? 4 : 9 * (size_t)p + 1;
+        size_t counts[] = { 0, 1, (size_t)p - 1, (size_t)p + 1, 1000003, small, uneven };
+        size_t chunks[] = { 1 << 20, 1 << 20, 1 << 20, 1 << 20, big, 3, 3 };
+        int roots[MAXP], nroots = 0;
+        bool rooted = coll == WEFT_COLL_BROADCAST || coll == WEFT_COLL_REDUCE;
+        if (!rooted || p <= 16) {
+            for (int r = 0; r < (rooted ? p : 1); r++)
+                roots[nroots++] = r;
+        } else {
+            int pick[] = { 0, 1, p / 2, p - 1 };
+            for (int k = 0; k < 4; k++)
+                roots[nroots++] = pick[k];
+        }
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+            for (int r = 0; r < nroots; r++)
+                check_ring(coll, p, roots[r], counts[c], chunks[c]);
+        /* Chunk 1: every element its own step. */
+        check_ring(coll, p, roots[nroots - 1], per_block ? 3 : (size_t)p + 1, 1);
+    }
+}
+
+Test(ring, allreduce_small_p) { ring_matrix(WEFT_COLL_ALLREDUCE, 1, 8, false); }
+Test(ring, allreduce_large_p) { ring_matrix(WEFT_COLL_ALLREDUCE, 9, 16, true); }
+Test(ring, reduce_scatter) { ring_matrix(WEFT_COLL_REDUCE_SCATTER, 1, 16, true); }
+Test(ring, allgather) { ring_matrix(WEFT_COLL_ALLGATHER, 1, 16, true); }
+Test(ring, broadcast) { ring_matrix(WEFT_COLL_BROADCAST, 1, 16, true); }
+Test(ring, reduce) { ring_matrix(WEFT_COLL_REDUCE, 1, 16, true); }
+/* The structure the engine relies on, beyond correctness. */
+Test(ring, step_structure)
+{
+    struct weft_schedule s;
+    weft_sched_init(&s);
+    /* p=1: one COPY, or nothing for count 0. */
+    for (int coll = 0; coll <= WEFT_COLL_REDUCE; coll++) {
+        struct weft_coll_desc d = { coll, 0, 1, 0, 5, 2 };
+        cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
+        cr_assert(s.nsteps == 1 && s.steps[0].kind == WEFT_STEP_COPY && s.steps[0].count == 5 &&
+                      s.scratch_count == 0,
+                  "%s p=1: %zu steps", weft_coll_name(coll), s.nsteps);
+        d.count = 0;
+        cr_assert(weft_ring_build(&d, &s) == WEFT_OK && s.nsteps == 0);
+    }
+    /* Allreduce p=4, N=8, chunk 1: 2 elements per block, 2 chunks per round,
+     * 3 + 3 rounds of (send, receive) per chunk = 24 steps; FINAL only on
+     * the last reduce-scatter round. */
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 1, 4, 0, 8, 1 };
+    cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
+    cr_assert(s.nsteps == 24 && s.scratch_count == 0, "%zu steps", s.nsteps);
+    int finals = 0;
+    for (size_t i = 0; i < s.nsteps; i++) {
+        const struct weft_step *st = &s.steps[i];
+        cr_assert(st->count == 1);
+        cr_assert(st->kind == WEFT_STEP_SEND ? st->peer == 2 : st->peer == 0);
+        if (st->flags & WEFT_STEP_FINAL) {
+            finals++;
+            cr_assert(i >= 8 && i < 12, "FINAL at step %zu", i);
+        }
+        /* chunk c of round k+1 depends on chunk c of round k only */
+        if (st->kind == WEFT_STEP_SEND && i >= 4)
+            cr_assert(st->deps[0] == (int32_t)i - 3, "step %zu deps on %d", i, st->deps[0]);
+    }
+    cr_assert(finals == 2);
+    /* Reduce_scatter asks for scratch; reduce only on middle ranks. */
+    d = (struct weft_coll_desc){ WEFT_COLL_REDUCE_SCATTER, 0, 4, 0, 10, 4 };
+    cr_assert(weft_ring_build(&d, &s) == WEFT_OK && s.scratch_count == 40);
+    d = (struct weft_coll_desc){ WEFT_COLL_REDUCE, 2, 4, 0, 10, 4 };
+    cr_assert(weft_ring_build(&d, &s) == WEFT_OK && s.scratch_count == 10);
+    d.rank = 0; /* the root */
+    cr_assert(weft_ring_build(&d, &s) == WEFT_OK && s.scratch_count == 0);
+    d.rank = 1; /* first in the chain: sends its input only */
+    cr_assert(weft_ring_build(&d, &s) == WEFT_OK && s.scratch_count == 0 && s.nsteps == 3);
+    weft_sched_free(&s);
+}
+
+Test(ring, bad_descriptions)
+{
+    struct weft_schedule s;
+    weft_sched_init(&s);
+    struct {
+        struct weft_coll_desc d;
+        weft_status_t want;
+        const char *needle;
+    } c[] = {
+        { { WEFT_COLL_ALLREDUCE, 0, 0, 0, 4, 1 }, WEFT_ERR_INVALID_ARG, "nranks" },
+        { { WEFT_COLL_ALLREDUCE, -1, 4, 0, 4, 1 }, WEFT_ERR_INVALID_ARG, "rank -1" },
+        { { WEFT_COLL_ALLREDUCE, 4, 4, 0, 4, 1 }, WEFT_ERR_INVALID_ARG, "rank 4" },
+        { { WEFT_COLL_BROADCAST, 0, 4, 4, 4, 1 }, WEFT_ERR_INVALID_ARG, "root 4" },
+        { { WEFT_COLL_REDUCE, 0, 4, -1, 4, 1 }, WEFT_ERR_INVALID_ARG, "root -1" },
+        { { WEFT_COLL_ALLREDUCE, 0, 4, 0, 4, 0 }, WEFT_ERR_INVALID_ARG, "chunk" },
+        { { 99, 0, 4, 0, 4, 1 }, WEFT_ERR_INVALID_ARG, "unknown collective" },
+        { { -1, 0, 4, 0, 4, 1 }, WEFT_ERR_INVALID_ARG, "unknown collective" },
+        { { WEFT_COLL_SEND, 0, 4, 0, 4, 1 }, WEFT_ERR_UNSUPPORTED, "point to point" },
+        { { WEFT_COLL_ALLGATHER, 0, 4, 0, SIZE_MAX / 2, 1 }, WEFT_ERR_INVALID_ARG, "overflows" },
+        { { WEFT_COLL_REDUCE_SCATTER, 0, 3, 0, SIZE_MAX / 2, 1 }, WEFT_ERR_INVALID_ARG,
+          "overflows" },
+    };
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        weft_status_t st = weft_ring_build(&c[i].d, &s);
+        cr_assert(st == c[i].want, "case %zu: %s", i, weft_status_string(st));
+        cr_assert(strstr(weft_last_error(NULL), c[i].needle), "case %zu: message '%s'", i,
+                  weft_last_error(NULL));
+        cr_assert(s.nsteps == 0);
+    }
+    /* Root does not matter where there is none. */
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 4, 77, 4, 1 };
+    cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
+    cr_assert(weft_ring_build(NULL, &s) == WEFT_ERR_INVALID_ARG);
+    cr_assert(weft_ring_build(&d, NULL) == WEFT_ERR_INVALID_ARG);
+    weft_sched_free(&s);
+}
+
+/* A rebuild into a used schedule starts from empty. */
+Test(ring, rebuild_reuses_schedule)
+{
+    struct weft_schedule s;
+    weft_sched_init(&s);
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 8, 0, 1000, 1 };
+    cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
+    size_t big = s.nsteps;
+    d.count = 16;
+    cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
+    cr_assert(s.nsteps < big && s.nsteps == 56, "%zu steps", s.nsteps);
+    weft_sched_free(&s);
+}
+
+/* ---- the checker catches broken schedules ----------------------------------------- */
+
+/* Builds a correct schedule set, lets mutate() break it, and expects the
+ * checker to say so with a message containing needle. */
+static void expect_caught(int coll, int p, int root, size_t count, size_t chunk,
+                          void (*mutate)(struct weft_schedule *sch, int p), const char *needle)
+{
+    struct weft_schedule sch[MAXP];
+    char err[700] = "";
+    build_all(coll, p, root, count, chunk, sch);
+    cr_assert(verify(coll, p, root, count, sch, err, sizeof(err)), "baseline: %s", err);
+    mutate(sch, p);
+    bool ok = verify(coll, p, root, count, sch, err, sizeof(err));
+    free_all(p, sch);
+    cr_assert(!ok, "the checker missed: %s", needle);
+    cr_assert(strstr(err, needle), "wanted '%s', got: %s", needle, err);
+}
+
+static struct weft_step *find_step(struct weft_schedule *s, int kind, int nth)
+{
+    for (size_t i = 0; i < s->nsteps; i++)
+        if (s->steps[i].kind == kind && nth-- == 0)
+            return &s->steps[i];
+    cr_assert_fail("no step of kind %d", kind);
+    return NULL;
+}
+
+static void drop_final(struct weft_schedule *sch, int p)
+{
+    for (size_t i = 0; i < sch[1].nsteps; i++)
+        sch[1].steps[i].flags = 0;
+}
+
+static void final_everywhere(struct weft_schedule *sch, int p)
+{
+    for (size_t i = 0; i < sch[0].nsteps; i++)
+        if (sch[0].steps[i].kind == WEFT_STEP_RECV_REDUCE)
+            sch[0].steps[i].flags = WEFT_STEP_FINAL;
+}
+
+static void drop_dep(struct weft_schedule *sch, int p)
+{
+    /* The second round's send no longer waits for the reduction it sends. */
+    find_step(&sch[0], WEFT_STEP_SEND, 1)->deps[0] = -1;
+}
+
+static void drop_recv_dep(struct weft_schedule *sch, int p)
+{
+    /* An allgather receive may now overwrite a block still being sent. */
+    struct weft_step *st = find_step(&sch[0], WEFT_STEP_RECV, 1);
+    st->deps[0] = -1;
+}
+
+static void recv_reduce_allgather(struct weft_schedule *sch, int p)
+{
+    /* A reduction where the collective has none. */
+    struct weft_step *st = find_step(&sch[2], WEFT_STEP_RECV, 0);
+    st->kind = WEFT_STEP_RECV_REDUCE;
+    st->src_buf = WEFT_BUF_RECV;
+    st->src_off = st->off;
+}
+
+static void recv_reduce_twice(struct weft_schedule *sch, int p)
+{
+    /* The allreduce's second allgather receive turned into a reduction with
+     * the partial sum the rank made there: ranks counted twice. */
+    struct weft_step *st = find_step(&sch[2], WEFT_STEP_RECV, 1);
+    st->kind = WEFT_STEP_RECV_REDUCE;
+    st->src_buf = WEFT_BUF_RECV;
+    st->src_off = st->off;
+}
+
+static void swap_recv_dst(struct weft_schedule *sch, int p)
+{
+    /* Rank 3 is the end of the chain (root 0, p 4): its receives of chunks
+     * 0 and 1 land in each other's place. */
+    struct weft_step *a = find_step(&sch[3], WEFT_STEP_RECV, 0);
+    struct weft_step *b = find_step(&sch[3], WEFT_STEP_RECV, 1);
+    size_t t = a->off;
+    a->off = b->off;
+    b->off = t;
+}
+
+static void swap_reduce_src(struct weft_schedule *sch, int p)
+{
+    /* The root combines chunk 1 of its input with chunk 0 arriving. */
+    struct weft_step *a = find_step(&sch[0], WEFT_STEP_RECV_REDUCE, 0);
+    struct weft_step *b = find_step(&sch[0], WEFT_STEP_RECV_REDUCE, 1);
+    size_t t = a->src_off;
+    a->src_off = b->src_off;
+    b->src_off = t;
+}
+
+static void swap_reduce_dst(struct weft_schedule *sch, int p)
+{
+    struct weft_step *a = find_step(&sch[0], WEFT_STEP_RECV_REDUCE, 0);
+    struct weft_step *b = find_step(&sch[0], WEFT_STEP_RECV_REDUCE, 1);
+    size_t t = a->off;
+    a->off = b->off;
+    b->off = t;
+}
+
+static void remove_last(struct weft_schedule *sch, int p)
+{
+    sch[1].nsteps--;
+}
+
+/* Every rank receives before it sends, and its send waits for that
+ * receive: nobody sends first. */
+static void receive_first(struct weft_schedule *sch, int p)
+{
+    for (int r = 0; r < p; r++) {
+        struct weft_schedule *s = &sch[r];
+        cr_assert(s->nsteps >= 2 && s->steps[0].kind == WEFT_STEP_SEND);
+        struct weft_step t = s->steps[0];
+        s->steps[0] = s->steps[1];
+        s->steps[1] = t;
+        for (size_t i = 2; i < s->nsteps; i++)
+            for (int k = 0; k < WEFT_STEP_MAX_DEPS; k++)
+                if (s->steps[i].deps[k] == 0 || s->steps[i].deps[k] == 1)
+                    s->steps[i].deps[k] ^= 1;
+        s->steps[0].deps[0] = -1;
+        s->steps[1].deps[0] = 0;
+    }
+}
+
+static void write_sendbuf(struct weft_schedule *sch, int p)
+{
+    find_step(&sch[0], WEFT_STEP_RECV_REDUCE, 0)->buf = WEFT_BUF_SEND;
+}
+
+static void count_mismatch(struct weft_schedule *sch, int p)
+{
+    find_step(&sch[0], WEFT_STEP_SEND, 0)->count -= 1;
+}
+
+static void reorder_sends(struct weft_schedule *sch, int p)
+{
+    /* The root sends chunk 1 before chunk 0: receivers get them swapped. */
+    struct weft_step *a = find_step(&sch[0], WEFT_STEP_SEND, 0);
+    struct weft_step *b = find_step(&sch[0], WEFT_STEP_SEND, 1);
+    struct weft_step t = *a;
+    *a = *b;
+    *b = t;
+}
+
+Test(checker, catches_broken_schedules)
+{
+    expect_caught(WEFT_COLL_ALLREDUCE, 4, 0, 40, 3, drop_final, "lacks FINAL");
+    expect_caught(WEFT_COLL_ALLREDUCE, 4, 0, 40, 3, final_everywhere, "FINAL on a partial");
+    expect_caught(WEFT_COLL_ALLREDUCE, 4, 0, 40, 100, drop_dep, "unordered");
+    expect_caught(WEFT_COLL_ALLREDUCE, 4, 0, 40, 100, drop_recv_dep, "unordered");
+    expect_caught(WEFT_COLL_ALLGATHER, 4, 0, 10, 3, recv_reduce_allgather, "without reduction");
+    expect_caught(WEFT_COLL_ALLREDUCE, 4, 0, 10, 3, recv_reduce_twice, "twice");
+    expect_caught(WEFT_COLL_BROADCAST, 4, 0, 10, 3, swap_recv_dst, "position");
+    expect_caught(WEFT_COLL_BROADCAST, 4, 0, 10, 3, reorder_sends, "position");
+    expect_caught(WEFT_COLL_REDUCE, 4, 0, 10, 3, swap_reduce_src, "combines input positions");
+    expect_caught(WEFT_COLL_REDUCE, 4, 0, 10, 3, swap_reduce_dst, "position");
+    expect_caught(WEFT_COLL_ALLREDUCE, 3, 0, 30, 100, remove_last, "which receives");
+    expect_caught(WEFT_COLL_ALLREDUCE, 2, 0, 2, 100, receive_first, "deadlock");
+    expect_caught(WEFT_COLL_REDUCE_SCATTER, 3, 0, 30, 100, write_sendbuf, "writes sendbuf");
+    expect_caught(WEFT_COLL_ALLREDUCE, 3, 0, 30, 100, count_mismatch, "step 0 sends");
+}
+/* ---- schedule container and collective facts ---------------------------------------- */
+
+Test(schedule, add_grows_and_keeps_order)
+{
+    struct weft_schedule s;
+    weft_sched_init(&s);
+    cr_assert(s.steps == NULL && s.nsteps == 0 && s.cap == 0 && s.scratch_count == 0);
+    for (int i = 0; i < 1000; i++) {
+        struct weft_step st = { .kind = WEFT_STEP_SEND, .peer = i, .deps = { -1, -1, -1 },
+                                .count = (size_t)i + 1 };
+        cr_assert(weft_sched_add(&s, &st) == i);
+    }
+    cr_assert(s.nsteps == 1000 && s.cap >= 1000 && s.cap < 4000);
+    for (int i = 0; i < 1000; i++)
+        cr_assert(s.steps[i].peer == i && s.steps[i].count == (size_t)i + 1);
+    weft_sched_free(&s);
+    cr_assert(s.steps == NULL && s.nsteps == 0);
+    weft_sched_free(&s);
+    weft_sched_free(NULL);
+}
+
+Test(schedule, coll_counts_and_names)
+{
+    struct {
+        int coll;
+        size_t send, recv;
+        const char *name;
+    } c[] = {
+        { WEFT_COLL_ALLREDUCE, 10, 10, "allreduce" },
+        { WEFT_COLL_REDUCE_SCATTER, 40, 10, "reduce_scatter" },
+        { WEFT_COLL_ALLGATHER, 10, 40, "allgather" },
+        { WEFT_COLL_BROADCAST, 10, 10, "broadcast" },
+        { WEFT_COLL_REDUCE, 10, 10, "reduce" },
+        { WEFT_COLL_SEND, 10, 0, "send" },
+        { WEFT_COLL_RECV, 0, 10, "recv" },
+    };
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        struct weft_coll_desc d = { c[i].coll, 1, 4, 0, 10, 1 };
+        cr_assert(weft_coll_send_count(&d) == c[i].send, "%s send", c[i].name);
+        cr_assert(weft_coll_recv_count(&d) == c[i].recv, "%s recv", c[i].name);
+        cr_assert_str_eq(weft_coll_name(c[i].coll), c[i].name);
+    }
+    cr_assert_str_eq(weft_coll_name(WEFT_COLL_COUNT), "unknown");
+    cr_assert_str_eq(weft_coll_name(-3), "unknown");
+    struct weft_coll_desc big = { WEFT_COLL_ALLGATHER, 0, 4, 0, SIZE_MAX / 2, 1 };
+    cr_assert(weft_coll_recv_count(&big) == SIZE_MAX, "an overflowing size saturates");
+}
