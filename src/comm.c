@@ -167,6 +167,10 @@ static weft_status_t comm_create(struct weft_comm **out, int nranks, const struc
     WEFT_CHECK_GOTO(weft_bootstrap_init(comm, uid, rank, nranks, &me, sizeof(me), all, deadline,
                                         &comm->bs),
                     st, fail);
+    int local = 0;
+    for (int r = 0; r < nranks; r++)
+        local += strncmp(all[r].host, me.host, sizeof(me.host)) == 0;
+    weft_engine_tune(comm->eng, local);
     for (int r = 0; r < nranks; r++) {
         if (r == rank)
             continue;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,7 +21,7 @@
 void weft_test_env(void)
 {
     /* Only loopback addresses are allowed on the test machines. */
-    setenv("WEFT_SOCKET_IFNAME", "lo", 0);
+    setenv("WEFT_SOCKET_IFNAME", "lo", 1);
 }
 
 /* ---- jobs ------------------------------------------------------------------ */
@@ -78,6 +79,7 @@ static int job_fork(struct weft_test_job *job, int nranks, weft_test_proc_t proc
         return -1;
     }
     fflush(NULL); /* or buffered output would be printed once per child */
+    pid_t parent = getpid();
     for (int r = 0; r < nranks; r++) {
         pid_t pid = fork();
         if (pid < 0) {
@@ -90,6 +92,11 @@ static int job_fork(struct weft_test_job *job, int nranks, weft_test_proc_t proc
             return -1;
         }
         if (pid == 0) {
+            /* If the test process dies (Criterion's own timeout kills it),
+             * its ranks must not live on. */
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != parent)
+                _exit(125);
             /* Only rank 0 may keep the root listener: a copy held open
              * anywhere else would queue strangers that nobody refuses. */
             if (r != 0) {

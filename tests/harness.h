@@ -42,10 +42,10 @@ struct weft_test_job {
     bool quiet;                       /* wait prints nothing (tests of the harness) */
 };
 
-/* Environment every job needs: loopback only (WEFT_SOCKET_IFNAME=lo unless
- * the test set it).  Parameters are read once per process, so a test that
- * wants other values (WEFT_TIMEOUT_MS...) sets them before its first weft
- * call; the harness calls this before it makes the id. */
+/* Environment every job needs: loopback only (WEFT_SOCKET_IFNAME=lo).
+ * Parameters are read once per process, so a test that wants other values
+ * (WEFT_TIMEOUT_MS...) sets them before its first weft call; the harness
+ * calls this before it makes the id. */
 void weft_test_env(void);
 
 /* Makes the id here, forks nranks children running init + body + destroy,

@@ -167,7 +167,7 @@ static weft_comm_t one_rank(void)
 
 /* ---- invalid communicators ------------------------------------------------- */
 
-Test(api, null_comm)
+Test(api, null_comm, .timeout = 10)
 {
     for (int f = 0; f < F_COUNT; f++) {
         struct call a = base_call(NULL);
@@ -478,7 +478,7 @@ Test(api, comm_init_env, .timeout = 30)
 
 /* ---- tables and accessors --------------------------------------------------- */
 
-Test(api, status_strings)
+Test(api, status_strings, .timeout = 10)
 {
     static const weft_status_t all[] = {
         WEFT_OK, WEFT_INPROGRESS, WEFT_ERR_INVALID_ARG, WEFT_ERR_NO_MEMORY, WEFT_ERR_SYSTEM,
@@ -496,7 +496,7 @@ Test(api, status_strings)
     cr_expect_not_null(weft_status_string((weft_status_t)77));
 }
 
-Test(api, dtype_sizes)
+Test(api, dtype_sizes, .timeout = 10)
 {
     static const size_t sizes[WEFT_NUM_DTYPES] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2};
     for (int d = 0; d < WEFT_NUM_DTYPES; d++)

@@ -308,15 +308,21 @@ static void *hammer_main(void *arg)
         weft_random_bytes(junk, sizeof(junk));
         if (k % 2)
             memcpy(junk, "WEFT\x01\x00\x02\x00", 8); /* a data HELLO's start */
+        /* A whole HELLO's worth of garbage can be refused at once: watched
+         * until the end, when it must be closed. */
         int fd = stranger_connect(&h->target, 1000);
         if (fd >= 0) {
-            send_some(fd, junk, k % 3 == 0 ? 1 : sizeof(junk));
+            send_some(fd, junk, sizeof(junk));
             if (h->nwatch < B_WATCH)
                 h->watch[h->nwatch++] = fd;
             else
                 close(fd);
         }
-        int quiet = stranger_connect(&h->target, 1000); /* silent for the round */
+        /* Silent, or one byte: undecidable before the handshake deadline,
+         * so they are only held for the round. */
+        int quiet = stranger_connect(&h->target, 1000);
+        if (quiet >= 0 && k % 3 == 0)
+            send_some(quiet, junk, 1);
         const char *why = NULL;
         /* Claims to be rank 0 or 2, with the right job but not the secret. */
         if (wrong_secret_handshake(&h->target, WEFT_AUTH_DATA, h->job, (uint32_t)(k % 2) * 2,
