@@ -97,8 +97,12 @@ static weft_status_t check_args(const char *fn, struct weft_comm *comm, struct w
 }
 
 static weft_status_t run(const char *fn, struct weft_comm *comm, struct weft_op_args *a,
-                         weft_request_t *req)
+                         weft_request_t *req, bool nonblocking)
 {
+    if (nonblocking && req == NULL) {
+        bool valid = comm != NULL && weft_comm_valid(comm);
+        return weft_error_quiet(valid ? comm : NULL, WEFT_ERR_INVALID_ARG, "%s: req is NULL", fn);
+    }
     if (req != NULL)
         *req = NULL;
     WEFT_CHECK(check_args(fn, comm, a));
@@ -135,16 +139,14 @@ weft_status_t weft_allreduce(const void *sendbuf, void *recvbuf, size_t count, w
                              weft_op_t op, weft_comm_t comm)
 {
     struct weft_op_args a = ARGS(WEFT_COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0);
-    return run("weft_allreduce", comm, &a, NULL);
+    return run("weft_allreduce", comm, &a, NULL, false);
 }
 
 weft_status_t weft_iallreduce(const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype,
                               weft_op_t op, weft_comm_t comm, weft_request_t *req)
 {
     struct weft_op_args a = ARGS(WEFT_COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0);
-    if (req == NULL)
-        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_iallreduce: req is NULL");
-    return run("weft_iallreduce", comm, &a, req);
+    return run("weft_iallreduce", comm, &a, req, true);
 }
 
 weft_status_t weft_reduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
@@ -152,7 +154,7 @@ weft_status_t weft_reduce_scatter(const void *sendbuf, void *recvbuf, size_t rec
 {
     struct weft_op_args a =
         ARGS(WEFT_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0);
-    return run("weft_reduce_scatter", comm, &a, NULL);
+    return run("weft_reduce_scatter", comm, &a, NULL, false);
 }
 
 weft_status_t weft_ireduce_scatter(const void *sendbuf, void *recvbuf, size_t recvcount,
@@ -161,88 +163,76 @@ weft_status_t weft_ireduce_scatter(const void *sendbuf, void *recvbuf, size_t re
 {
     struct weft_op_args a =
         ARGS(WEFT_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0);
-    if (req == NULL)
-        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_ireduce_scatter: req is NULL");
-    return run("weft_ireduce_scatter", comm, &a, req);
+    return run("weft_ireduce_scatter", comm, &a, req, true);
 }
 
 weft_status_t weft_allgather(const void *sendbuf, void *recvbuf, size_t sendcount,
                              weft_dtype_t dtype, weft_comm_t comm)
 {
     struct weft_op_args a = ARGS(WEFT_COLL_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, 0, 0);
-    return run("weft_allgather", comm, &a, NULL);
+    return run("weft_allgather", comm, &a, NULL, false);
 }
 
 weft_status_t weft_iallgather(const void *sendbuf, void *recvbuf, size_t sendcount,
                               weft_dtype_t dtype, weft_comm_t comm, weft_request_t *req)
 {
     struct weft_op_args a = ARGS(WEFT_COLL_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, 0, 0);
-    if (req == NULL)
-        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_iallgather: req is NULL");
-    return run("weft_iallgather", comm, &a, req);
+    return run("weft_iallgather", comm, &a, req, true);
 }
 
 weft_status_t weft_broadcast(const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype,
                              int root, weft_comm_t comm)
 {
     struct weft_op_args a = ARGS(WEFT_COLL_BROADCAST, sendbuf, recvbuf, count, dtype, 0, root);
-    return run("weft_broadcast", comm, &a, NULL);
+    return run("weft_broadcast", comm, &a, NULL, false);
 }
 
 weft_status_t weft_ibroadcast(const void *sendbuf, void *recvbuf, size_t count,
                               weft_dtype_t dtype, int root, weft_comm_t comm, weft_request_t *req)
 {
     struct weft_op_args a = ARGS(WEFT_COLL_BROADCAST, sendbuf, recvbuf, count, dtype, 0, root);
-    if (req == NULL)
-        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_ibroadcast: req is NULL");
-    return run("weft_ibroadcast", comm, &a, req);
+    return run("weft_ibroadcast", comm, &a, req, true);
 }
 
 weft_status_t weft_reduce(const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype,
                           weft_op_t op, int root, weft_comm_t comm)
 {
     struct weft_op_args a = ARGS(WEFT_COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root);
-    return run("weft_reduce", comm, &a, NULL);
+    return run("weft_reduce", comm, &a, NULL, false);
 }
 
 weft_status_t weft_ireduce(const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype,
                            weft_op_t op, int root, weft_comm_t comm, weft_request_t *req)
 {
     struct weft_op_args a = ARGS(WEFT_COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root);
-    if (req == NULL)
-        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_ireduce: req is NULL");
-    return run("weft_ireduce", comm, &a, req);
+    return run("weft_ireduce", comm, &a, req, true);
 }
 
 weft_status_t weft_send(const void *buf, size_t count, weft_dtype_t dtype, int peer,
                         weft_comm_t comm)
 {
     struct weft_op_args a = ARGS(WEFT_COLL_SEND, buf, NULL, count, dtype, 0, peer);
-    return run("weft_send", comm, &a, NULL);
+    return run("weft_send", comm, &a, NULL, false);
 }
 
 weft_status_t weft_isend(const void *buf, size_t count, weft_dtype_t dtype, int peer,
                          weft_comm_t comm, weft_request_t *req)
 {
     struct weft_op_args a = ARGS(WEFT_COLL_SEND, buf, NULL, count, dtype, 0, peer);
-    if (req == NULL)
-        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_isend: req is NULL");
-    return run("weft_isend", comm, &a, req);
+    return run("weft_isend", comm, &a, req, true);
 }
 
 weft_status_t weft_recv(void *buf, size_t count, weft_dtype_t dtype, int peer, weft_comm_t comm)
 {
     struct weft_op_args a = ARGS(WEFT_COLL_RECV, NULL, buf, count, dtype, 0, peer);
-    return run("weft_recv", comm, &a, NULL);
+    return run("weft_recv", comm, &a, NULL, false);
 }
 
 weft_status_t weft_irecv(void *buf, size_t count, weft_dtype_t dtype, int peer, weft_comm_t comm,
                          weft_request_t *req)
 {
     struct weft_op_args a = ARGS(WEFT_COLL_RECV, NULL, buf, count, dtype, 0, peer);
-    if (req == NULL)
-        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_irecv: req is NULL");
-    return run("weft_irecv", comm, &a, req);
+    return run("weft_irecv", comm, &a, req, true);
 }
 
 weft_status_t weft_wait(weft_request_t req)

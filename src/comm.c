@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "bootstrap.h"
@@ -118,12 +119,37 @@ static void comm_free(struct weft_comm *comm)
     free(comm);
 }
 
+/* WEFT_ALGO must leave at least one algorithm that exists. */
+static weft_status_t check_algo(void)
+{
+    const char *spec = weft_param_str("WEFT_ALGO");
+    if (*spec == '\0')
+        return WEFT_OK;
+    bool exclude = spec[0] == '^';
+    bool ring = false;
+    char buf[128];
+    snprintf(buf, sizeof(buf), "%s", spec + exclude);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (strcasecmp(tok, "ring") != 0)
+            return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                    "WEFT_ALGO=%s: unknown algorithm '%s' (available: ring)", spec,
+                                    tok);
+        ring = true;
+    }
+    if (ring == exclude)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                "WEFT_ALGO=%s leaves no algorithm (available: ring)", spec);
+    return WEFT_OK;
+}
+
 /* The whole init once the id is known; rank and nranks are checked. */
 static weft_status_t comm_create(struct weft_comm **out, int nranks, const struct weft_uid *uid,
                                  int rank)
 {
     weft_status_t st;
     struct rank_info *all = NULL;
+    WEFT_CHECK(check_algo());
     struct weft_comm *comm = calloc(1, sizeof(*comm));
     if (comm == NULL)
         return weft_error(NULL, WEFT_ERR_NO_MEMORY, "cannot allocate a communicator");
@@ -211,7 +237,9 @@ weft_status_t weft_comm_init(weft_comm_t *out, int nranks, weft_unique_id_t id, 
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
                                 "weft_comm_init: rank %d out of range for %d ranks", rank, nranks);
     struct weft_uid uid;
-    WEFT_CHECK(weft_uid_parse(&id, &uid));
+    weft_status_t st = weft_uid_parse(&id, &uid);
+    if (st != WEFT_OK)
+        return weft_error_quiet(NULL, st, "weft_comm_init: %s", weft_thread_last_error());
     return comm_create(out, nranks, &uid, rank);
 }
 

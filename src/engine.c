@@ -340,7 +340,8 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
         weft_engine_op_free(comm, op);
         return st;
     }
-    memset(op->st, ST_PENDING, op->s->nsteps);
+    if (op->s->nsteps > 0)
+        memset(op->st, ST_PENDING, op->s->nsteps);
     *out = op;
     return WEFT_OK;
 }

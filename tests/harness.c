@@ -386,6 +386,59 @@ int weft_test_check(int rank, const char *what, const void *got, const void *wan
                           weft_test_format(got, dt, i, g, sizeof(g)), bad, n);
 }
 
+void weft_test_fill_bytes(void *buf, size_t bytes, int r, uint64_t salt)
+{
+    uint8_t *b = buf;
+    for (size_t i = 0; i < bytes; i += 8) {
+        uint64_t h = weft_test_mix(salt ^ ((uint64_t)r << 48) ^ i);
+        memcpy(b + i, &h, bytes - i < 8 ? bytes - i : 8);
+    }
+}
+
+int weft_test_gbuf_alloc(struct weft_test_gbuf *g, size_t cap)
+{
+    g->base = malloc(cap + 2 * WEFT_TEST_GUARD);
+    g->p = g->base ? g->base + WEFT_TEST_GUARD : NULL;
+    g->cap = g->base ? cap : 0;
+    return g->base ? 0 : -1;
+}
+
+void weft_test_gbuf_free(struct weft_test_gbuf *g)
+{
+    free(g->base);
+    g->base = g->p = NULL;
+    g->cap = 0;
+}
+
+void weft_test_gbuf_poison(struct weft_test_gbuf *g, size_t bytes)
+{
+    memset(g->base, WEFT_TEST_POISON, WEFT_TEST_GUARD + bytes + WEFT_TEST_GUARD);
+}
+
+const char *weft_test_gbuf_guard_error(const struct weft_test_gbuf *g, size_t bytes, char *msg,
+                                       size_t len)
+{
+    for (size_t i = 0; i < WEFT_TEST_GUARD; i++)
+        if (g->base[i] != WEFT_TEST_POISON) {
+            snprintf(msg, len, "wrote %zu bytes before recvbuf", WEFT_TEST_GUARD - i);
+            return msg;
+        }
+    for (size_t i = 0; i < WEFT_TEST_GUARD; i++)
+        if (g->p[bytes + i] != WEFT_TEST_POISON) {
+            snprintf(msg, len, "wrote past the end of recvbuf (byte %zu after it)", i);
+            return msg;
+        }
+    return NULL;
+}
+
+bool weft_test_gbuf_untouched(const struct weft_test_gbuf *g, size_t bytes)
+{
+    for (size_t i = 0; i < bytes; i++)
+        if (g->p[i] != WEFT_TEST_POISON)
+            return false;
+    return true;
+}
+
 uint64_t weft_test_mix(uint64_t x)
 {
     x += 0x9e3779b97f4a7c15ull;

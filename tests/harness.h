@@ -115,6 +115,31 @@ size_t weft_test_compare(const void *got, const void *want, weft_dtype_t dt, siz
 int weft_test_check(int rank, const char *what, const void *got, const void *want,
                     weft_dtype_t dt, size_t n);
 
+/* Rank r's reproducible bytes (any bit pattern, NaNs included): every
+ * rank can compute every other rank's. */
+void weft_test_fill_bytes(void *buf, size_t bytes, int r, uint64_t salt);
+
+/*
+ * A receive buffer with poisoned guard bytes on both sides, to catch
+ * writes outside [p, p + bytes) that a sanitizer cannot see inside one
+ * allocation.  Owner: the test; p = base + WEFT_TEST_GUARD.
+ */
+#define WEFT_TEST_GUARD 64
+#define WEFT_TEST_POISON 0xa5
+struct weft_test_gbuf {
+    uint8_t *base, *p;
+    size_t cap; /* usable bytes at p */
+};
+int weft_test_gbuf_alloc(struct weft_test_gbuf *g, size_t cap); /* 0 or -1 */
+void weft_test_gbuf_free(struct weft_test_gbuf *g);
+/* Poisons the guards and p[0, bytes). */
+void weft_test_gbuf_poison(struct weft_test_gbuf *g, size_t bytes);
+/* NULL when the guards around p[0, bytes) are intact, else what broke. */
+const char *weft_test_gbuf_guard_error(const struct weft_test_gbuf *g, size_t bytes, char *msg,
+                                       size_t len);
+/* True when p[0, bytes) still holds the poison. */
+bool weft_test_gbuf_untouched(const struct weft_test_gbuf *g, size_t bytes);
+
 /* splitmix64: the seeded source of every test input. */
 uint64_t weft_test_mix(uint64_t x);
 /* FNV-1a over bytes, for cross-rank bitwise comparison. */

@@ -21,8 +21,7 @@
 
 #define LARGE 100003u     /* allreduce, reduce, broadcast, p2p */
 #define LARGE_SEG 20011u  /* per-rank count of reduce_scatter and allgather */
-#define GUARD 64          /* poisoned bytes on each side of a receive buffer */
-#define POISON 0xa5
+#define POISON WEFT_TEST_POISON
 #define MAX_REPORTS 20    /* mismatch reports per rank before it goes quiet */
 
 /* One rank's state for the whole job.  All buffers hold maxn elements of
@@ -34,8 +33,8 @@ struct tc {
     uint8_t *in;       /* this rank's input of the current (dtype, op) */
     uint8_t *want;     /* expected reduction of the current (dtype, op) */
     uint8_t *snd;      /* send buffer */
-    uint8_t *rcv_base; /* GUARD + maxn * 8 + GUARD */
-    uint8_t *rcv;      /* rcv_base + GUARD */
+    struct weft_test_gbuf rcvg; /* receive buffer with guards, maxn * 8 */
+    uint8_t *rcv;      /* rcvg.p */
     int fails;         /* checks that failed (the job goes on) */
     long calls;        /* weft calls made, for the summary line */
     int reports;
@@ -143,17 +142,6 @@ static void make_expected(struct tc *c, weft_dtype_t dt, weft_op_t op, size_t n)
     }
 }
 
-/* Rank r's bytes for allgather / broadcast: any bit pattern (NaNs
- * included): these collectives must move bytes, not values. */
-static void make_bytes(void *buf, size_t bytes, int r, uint64_t salt)
-{
-    uint8_t *b = buf;
-    for (size_t i = 0; i < bytes; i += 8) {
-        uint64_t h = weft_test_mix(salt ^ ((uint64_t)r << 48) ^ i);
-        memcpy(b + i, &h, bytes - i < 8 ? bytes - i : 8);
-    }
-}
-
 /* ---- checks ------------------------------------------------------------------ */
 
 static void report(struct tc *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -170,24 +158,16 @@ static void report(struct tc *c, const char *fmt, ...)
     weft_test_fail(c->rank, "%s", msg);
 }
 
-static void poison_rcv(struct tc *c)
+static void poison_rcv(struct tc *c, size_t bytes)
 {
-    memset(c->rcv_base, POISON, c->maxn * 8 + 2 * GUARD);
+    weft_test_gbuf_poison(&c->rcvg, bytes);
 }
 
-/* The guard bytes around recvbuf[0, bytes) are untouched. */
-static void check_guards(struct tc *c, const char *what, const uint8_t *lo, size_t bytes)
+static void check_guards(struct tc *c, const char *what, size_t bytes)
 {
-    for (const uint8_t *g = lo - GUARD; g < lo; g++)
-        if (*g != POISON) {
-            report(c, "%s: wrote %td bytes before recvbuf", what, lo - g);
-            return;
-        }
-    for (size_t i = 0; i < GUARD; i++)
-        if (lo[bytes + i] != POISON) {
-            report(c, "%s: wrote past the end of recvbuf (byte %zu after it)", what, i);
-            return;
-        }
+    char msg[128];
+    if (weft_test_gbuf_guard_error(&c->rcvg, bytes, msg, sizeof(msg)))
+        report(c, "%s: %s", what, msg);
 }
 
 static void check_vals(struct tc *c, const char *what, const void *got, const void *want,
@@ -211,14 +191,6 @@ static void check_bytes(struct tc *c, const char *what, const uint8_t *got, cons
         i++;
     report(c, "%s: element %zu differs (byte %zu: expected 0x%02x, got 0x%02x)", what, i / esize,
            i, want[i], got[i]);
-}
-
-static bool poisoned(const uint8_t *b, size_t bytes)
-{
-    for (size_t i = 0; i < bytes; i++)
-        if (b[i] != POISON)
-            return false;
-    return true;
 }
 
 /* A collective that returns an error ends the job for this rank: the
@@ -258,7 +230,7 @@ static int run_allreduce(struct tc *c, weft_dtype_t dt, weft_op_t op)
         for (int inplace = 0; inplace < 2; inplace++) {
             snprintf(what, sizeof(what), "allreduce p=%d n=%zu %s%s", c->p, n,
                      weft_test_op_name(op), inplace ? " in place" : "");
-            poison_rcv(c);
+            poison_rcv(c, n * es);
             if (inplace) {
                 memcpy(c->rcv, c->in, n * es);
                 CALL(c, what, weft_allreduce(c->rcv, c->rcv, n, dt, op, c->comm));
@@ -269,7 +241,7 @@ static int run_allreduce(struct tc *c, weft_dtype_t dt, weft_op_t op)
                     report(c, "%s: sendbuf was modified", what);
             }
             check_vals(c, what, c->rcv, c->want, dt, n);
-            check_guards(c, what, c->rcv, n * es);
+            check_guards(c, what, n * es);
         }
     }
     return 0;
@@ -284,19 +256,19 @@ static int run_reduce_scatter(struct tc *c, weft_dtype_t dt, weft_op_t op)
         for (int inplace = 0; inplace < 2; inplace++) {
             snprintf(what, sizeof(what), "reduce_scatter p=%d recvcount=%zu %s%s", c->p, n,
                      weft_test_op_name(op), inplace ? " in place" : "");
-            poison_rcv(c);
+            poison_rcv(c, total * es);
             if (inplace) {
                 memcpy(c->rcv, c->in, total * es);
                 CALL(c, what, weft_reduce_scatter(c->rcv, c->rcv + mine, n, dt, op, c->comm));
                 check_vals(c, what, c->rcv + mine, c->want + mine, dt, n);
-                check_guards(c, what, c->rcv, total * es);
+                check_guards(c, what, total * es);
             } else {
                 memcpy(c->snd, c->in, total * es);
                 CALL(c, what, weft_reduce_scatter(c->snd, c->rcv, n, dt, op, c->comm));
                 if (memcmp(c->snd, c->in, total * es) != 0)
                     report(c, "%s: sendbuf was modified", what);
                 check_vals(c, what, c->rcv, c->want + mine, dt, n);
-                check_guards(c, what, c->rcv, n * es);
+                check_guards(c, what, n * es);
             }
         }
     }
@@ -320,7 +292,7 @@ static int run_reduce(struct tc *c, weft_dtype_t dt, weft_op_t op)
             for (int inplace = 0; inplace < 2; inplace++) {
                 snprintf(what, sizeof(what), "reduce p=%d root=%d n=%zu %s%s", c->p, root, n,
                          weft_test_op_name(op), inplace ? " in place" : "");
-                poison_rcv(c);
+                poison_rcv(c, n * es);
                 if (inplace) {
                     memcpy(c->rcv, c->in, n * es);
                     CALL(c, what, weft_reduce(c->rcv, c->rcv, n, dt, op, root, c->comm));
@@ -335,10 +307,10 @@ static int run_reduce(struct tc *c, weft_dtype_t dt, weft_op_t op)
                         report(c, "%s: sendbuf was modified", what);
                     if (c->rank == root)
                         check_vals(c, what, c->rcv, c->want, dt, n);
-                    else if (!poisoned(c->rcv, n * es))
+                    else if (!weft_test_gbuf_untouched(&c->rcvg, n * es))
                         report(c, "%s: recvbuf written on a non-root rank", what);
                 }
-                check_guards(c, what, c->rcv, n * es);
+                check_guards(c, what, n * es);
             }
         }
     }
@@ -352,11 +324,11 @@ static int run_allgather(struct tc *c, weft_dtype_t dt)
     for (size_t k = 0; k < nc; k++) {
         size_t n = counts[k], seg = n * es, mine = (size_t)c->rank * seg;
         for (int r = 0; r < c->p; r++) /* want = every rank's bytes, in rank order */
-            make_bytes(c->want + (size_t)r * seg, seg, r, 0xa11 + dt);
+            weft_test_fill_bytes(c->want + (size_t)r * seg, seg, r, 0xa11 + dt);
         for (int inplace = 0; inplace < 2; inplace++) {
             snprintf(what, sizeof(what), "allgather p=%d sendcount=%zu %s%s", c->p, n,
                      weft_test_dtype_name(dt), inplace ? " in place" : "");
-            poison_rcv(c);
+            poison_rcv(c, seg * (size_t)c->p);
             if (inplace) {
                 memcpy(c->rcv + mine, c->want + mine, seg);
                 CALL(c, what, weft_allgather(c->rcv + mine, c->rcv, n, dt, c->comm));
@@ -367,7 +339,7 @@ static int run_allgather(struct tc *c, weft_dtype_t dt)
                     report(c, "%s: sendbuf was modified", what);
             }
             check_bytes(c, what, c->rcv, c->want, seg * (size_t)c->p, es);
-            check_guards(c, what, c->rcv, seg * (size_t)c->p);
+            check_guards(c, what, seg * (size_t)c->p);
         }
     }
     return 0;
@@ -380,11 +352,11 @@ static int run_broadcast(struct tc *c, weft_dtype_t dt)
     for (int root = 0; root < c->p; root++) {
         for (size_t k = 0; k < nc; k++) {
             size_t n = counts[k], bytes = n * es;
-            make_bytes(c->want, bytes, root, 0xb0 + dt);
+            weft_test_fill_bytes(c->want, bytes, root, 0xb0 + dt);
             for (int inplace = 0; inplace < 2; inplace++) {
                 snprintf(what, sizeof(what), "broadcast p=%d root=%d n=%zu %s%s", c->p, root, n,
                          weft_test_dtype_name(dt), inplace ? " in place" : "");
-                poison_rcv(c);
+                poison_rcv(c, bytes);
                 /* A non-root's sendbuf is never read: give it junk. */
                 if (c->rank == root)
                     memcpy(inplace ? c->rcv : c->snd, c->want, bytes);
@@ -397,7 +369,7 @@ static int run_broadcast(struct tc *c, weft_dtype_t dt)
                 if (!inplace && c->rank == root && memcmp(c->snd, c->want, bytes) != 0)
                     report(c, "%s: sendbuf was modified", what);
                 check_bytes(c, what, c->rcv, c->want, bytes, es);
-                check_guards(c, what, c->rcv, bytes);
+                check_guards(c, what, bytes);
             }
         }
     }
@@ -548,10 +520,10 @@ static int nb_prepare(struct tc *c, struct nb *b)
         ((float *)b->want[1])[j] = mx;
     }
     size_t seg = nb_count[NB_AG_U8];
-    make_bytes(b->snd[2], seg, r, 0xa6);
+    weft_test_fill_bytes(b->snd[2], seg, r, 0xa6);
     for (int q = 0; q < p; q++)
-        make_bytes((uint8_t *)b->want[2] + (size_t)q * seg, seg, q, 0xa6);
-    make_bytes(b->want[3], nb_count[NB_BC_I64] * 8, p - 1, 0xbc);
+        weft_test_fill_bytes((uint8_t *)b->want[2] + (size_t)q * seg, seg, q, 0xa6);
+    weft_test_fill_bytes(b->want[3], nb_count[NB_BC_I64] * 8, p - 1, 0xbc);
     if (r == p - 1)
         memcpy(b->snd[3], b->want[3], nb_count[NB_BC_I64] * 8);
     for (size_t j = 0; j < nb_count[NB_RD_F64]; j++) {
@@ -597,7 +569,11 @@ static void nb_check(struct tc *c, struct nb *b, const char *batch)
         size_t n = nb_count[i] * (i == NB_AG_U8 ? (size_t)c->p : 1);
         snprintf(what, sizeof(what), "%s p=%d: %s", batch, c->p, names[i]);
         if (i == NB_RD_F64 && c->rank != 0) {
-            if (!poisoned(b->rcv[i], n * 8))
+            const uint8_t *q = b->rcv[i];
+            size_t k = 0;
+            while (k < n * 8 && q[k] == POISON)
+                k++;
+            if (k < n * 8)
                 report(c, "%s: recvbuf written on a non-root rank", what);
             continue;
         }
@@ -686,8 +662,8 @@ static int run_group_ring(struct tc *c)
         weft_test_fail(c->rank, "out of memory");
         goto out;
     }
-    make_bytes(s, bytes, c->rank, 0x7171);
-    make_bytes(w, bytes, prev, 0x7171);
+    weft_test_fill_bytes(s, bytes, c->rank, 0x7171);
+    weft_test_fill_bytes(w, bytes, prev, 0x7171);
     memset(r, POISON, bytes);
     CALL(c, "weft_group_start", weft_group_start());
     CALL(c, "weft_send (ring, grouped)", weft_send(s, bytes, WEFT_UINT8, next, c->comm));
@@ -791,14 +767,14 @@ static int run_p2p(struct tc *c)
     for (size_t k = 0; k < WEFT_ARRAY_SIZE(counts); k++) {
         size_t n = counts[k];
         snprintf(what, sizeof(what), "p2p p=%d rank %d to itself n=%zu", c->p, c->rank, n);
-        make_bytes(c->snd, n * 8, c->rank, 0x5e1f + k);
-        poison_rcv(c);
+        weft_test_fill_bytes(c->snd, n * 8, c->rank, 0x5e1f + k);
+        poison_rcv(c, n * 8);
         CALL(c, "weft_group_start", weft_group_start());
         CALL(c, what, weft_send(c->snd, n, WEFT_FLOAT64, c->rank, c->comm));
         CALL(c, what, weft_recv(c->rcv, n, WEFT_FLOAT64, c->rank, c->comm));
         CALL(c, what, weft_group_end());
         check_bytes(c, what, c->rcv, c->snd, n * 8, 8);
-        check_guards(c, what, c->rcv, n * 8);
+        check_guards(c, what, n * 8);
     }
     int peer = c->rank ^ 1;
     if (peer >= c->p)
@@ -806,9 +782,9 @@ static int run_p2p(struct tc *c)
     for (size_t k = 0; k < WEFT_ARRAY_SIZE(counts); k++) {
         size_t n = counts[k], bytes = n * 8;
         snprintf(what, sizeof(what), "p2p p=%d %d<->%d n=%zu", c->p, c->rank, peer, n);
-        make_bytes(c->snd, bytes, c->rank, 0x99 + k);
-        make_bytes(c->want, bytes, peer, 0x99 + k);
-        poison_rcv(c);
+        weft_test_fill_bytes(c->snd, bytes, c->rank, 0x99 + k);
+        weft_test_fill_bytes(c->want, bytes, peer, 0x99 + k);
+        poison_rcv(c, bytes);
         for (int phase = 0; phase < 2; phase++) {
             if ((phase == 0) == (c->rank % 2 == 0))
                 CALL(c, what, weft_send(c->snd, n, WEFT_FLOAT64, peer, c->comm));
@@ -816,15 +792,15 @@ static int run_p2p(struct tc *c)
                 CALL(c, what, weft_recv(c->rcv, n, WEFT_FLOAT64, peer, c->comm));
         }
         check_bytes(c, what, c->rcv, c->want, bytes, 8);
-        check_guards(c, what, c->rcv, bytes);
-        poison_rcv(c);
+        check_guards(c, what, bytes);
+        poison_rcv(c, bytes);
         weft_request_t rq, sq;
         CALL(c, what, weft_irecv(c->rcv, n, WEFT_FLOAT64, peer, c->comm, &rq));
         CALL(c, what, weft_isend(c->snd, n, WEFT_FLOAT64, peer, c->comm, &sq));
         CALL(c, what, weft_wait(sq));
         CALL(c, what, weft_wait(rq));
         check_bytes(c, what, c->rcv, c->want, bytes, 8);
-        check_guards(c, what, c->rcv, bytes);
+        check_guards(c, what, bytes);
     }
     return 0;
 }
@@ -839,13 +815,13 @@ static int coll_body(weft_comm_t comm, int rank, int p, void *arg)
     c.in = malloc(bytes);
     c.want = malloc(bytes);
     c.snd = malloc(bytes);
-    c.rcv_base = malloc(bytes + 2 * GUARD);
+    weft_test_gbuf_alloc(&c.rcvg, bytes);
     int rc = 1;
-    if (!c.in || !c.want || !c.snd || !c.rcv_base) {
+    if (!c.in || !c.want || !c.snd || !c.rcvg.base) {
         weft_test_fail(rank, "out of memory");
         goto out;
     }
-    c.rcv = c.rcv_base + GUARD;
+    c.rcv = c.rcvg.p;
     const char *only = arg;
     bool all = only == NULL;
     if ((all || strstr(only, "matrix")) && run_matrix(&c))
@@ -872,7 +848,7 @@ out:
     free(c.in);
     free(c.want);
     free(c.snd);
-    free(c.rcv_base);
+    weft_test_gbuf_free(&c.rcvg);
     return rc;
 }
 
