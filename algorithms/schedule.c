@@ -96,3 +96,22 @@ size_t weft_coll_recv_count(const struct weft_coll_desc *d)
         return 0;
     }
 }
+
+const char *weft_algo_name(int algo)
+{
+    switch (algo) {
+    case WEFT_ALGO_RING: return "ring";
+    case WEFT_ALGO_RD: return "rd";
+    default: return "unknown";
+    }
+}
+
+weft_status_t weft_sched_build(const struct weft_coll_desc *d, struct weft_schedule *s)
+{
+    switch (d->algo) {
+    case WEFT_ALGO_RING: return weft_ring_build(d, s);
+    case WEFT_ALGO_RD: return weft_rd_build(d, s);
+    default:
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "schedule: unknown algorithm %d", d->algo);
+    }
+}

@@ -37,6 +37,7 @@ enum weft_step_kind {
 enum weft_buf_id { WEFT_BUF_SEND = 0, WEFT_BUF_RECV = 1, WEFT_BUF_SCRATCH = 2 };
 
 #define WEFT_STEP_FINAL 0x1 /* RECV_REDUCE producing a final value: AVG divides here */
+#define WEFT_STEP_RECV_FIRST 0x2 /* RECV_REDUCE: buf = received op src (operand order) */
 #define WEFT_STEP_MAX_DEPS 3
 
 struct weft_step {
@@ -58,6 +59,9 @@ struct weft_schedule {
     size_t scratch_count; /* elements of WEFT_BUF_SCRATCH the schedule uses */
 };
 
+enum weft_algo { WEFT_ALGO_RING = 0, WEFT_ALGO_RD, WEFT_ALGO_COUNT };
+const char *weft_algo_name(int algo) WEFT_HIDDEN;
+
 /* What a schedule is built for.  count means: allreduce, broadcast, reduce:
  * elements per rank; reduce_scatter: recvcount; allgather: sendcount. */
 struct weft_coll_desc {
@@ -66,6 +70,7 @@ struct weft_coll_desc {
     int root;         /* broadcast/reduce */
     size_t count;
     size_t chunk;     /* most elements one step may carry (>= 1) */
+    int algo;         /* enum weft_algo */
 };
 
 void weft_sched_init(struct weft_schedule *s) WEFT_HIDDEN;
@@ -76,6 +81,14 @@ int32_t weft_sched_add(struct weft_schedule *s, const struct weft_step *st) WEFT
 /* Elements of sendbuf / recvbuf a collective reads or writes on this rank. */
 size_t weft_coll_send_count(const struct weft_coll_desc *d) WEFT_HIDDEN;
 size_t weft_coll_recv_count(const struct weft_coll_desc *d) WEFT_HIDDEN;
+
+/* Builds d->algo's schedule (ring or rd). */
+weft_status_t weft_sched_build(const struct weft_coll_desc *d, struct weft_schedule *s) WEFT_HIDDEN;
+
+/* Recursive doubling allreduce (algorithms/rd.c): log2(p) exchanges of the
+ * whole vector, non-powers of two folded in and out; partners combine in
+ * the same operand order, so every rank's result is bitwise identical. */
+weft_status_t weft_rd_build(const struct weft_coll_desc *d, struct weft_schedule *s) WEFT_HIDDEN;
 
 /* Ring algorithm (algorithms/ring.c): allreduce as reduce-scatter then
  * allgather, reduce_scatter, allgather, and pipelined chains for broadcast

@@ -8,12 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 
 #include "bootstrap.h"
 #include "comm.h"
 #include "engine.h"
+#include "tune.h"
 #include "transports/transport.h"
 
 /* What every rank publishes at init. */
@@ -119,40 +119,18 @@ static void comm_free(struct weft_comm *comm)
     free(comm);
 }
 
-/* WEFT_ALGO must leave at least one algorithm that exists. */
-static weft_status_t check_algo(void)
-{
-    const char *spec = weft_param_str("WEFT_ALGO");
-    if (*spec == '\0')
-        return WEFT_OK;
-    bool exclude = spec[0] == '^';
-    bool ring = false;
-    char buf[128];
-    snprintf(buf, sizeof(buf), "%s", spec + exclude);
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (strcasecmp(tok, "ring") != 0)
-            return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
-                                    "WEFT_ALGO=%s: unknown algorithm '%s' (available: ring)", spec,
-                                    tok);
-        ring = true;
-    }
-    if (ring == exclude)
-        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
-                                "WEFT_ALGO=%s leaves no algorithm (available: ring)", spec);
-    return WEFT_OK;
-}
-
 /* The whole init once the id is known; rank and nranks are checked. */
 static weft_status_t comm_create(struct weft_comm **out, int nranks, const struct weft_uid *uid,
                                  int rank)
 {
     weft_status_t st;
     struct rank_info *all = NULL;
-    WEFT_CHECK(check_algo());
+    unsigned algos;
+    WEFT_CHECK(weft_tune_parse_algo(weft_param_str("WEFT_ALGO"), &algos));
     struct weft_comm *comm = calloc(1, sizeof(*comm));
     if (comm == NULL)
         return weft_error(NULL, WEFT_ERR_NO_MEMORY, "cannot allocate a communicator");
+    comm->algos = algos;
     pthread_mutex_init(&comm->err_mu, NULL);
     comm->rank = rank;
     comm->nranks = nranks;

@@ -27,6 +27,7 @@ struct weft_comm {
     uint64_t job;                      /* identity, covered by every handshake */
     uint8_t secret[16];
     uint64_t timeout_ns;               /* WEFT_TIMEOUT_MS */
+    unsigned algos;                    /* WEFT_ALGO: mask of enum weft_algo */
     struct weft_bootstrap *bs;
     const struct weft_transport_ops *tops;
     void *tctx;

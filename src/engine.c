@@ -17,6 +17,7 @@
 #include "algorithms/schedule.h"
 #include "engine.h"
 #include "reduce.h"
+#include "tune.h"
 #include "transports/transport.h"
 
 enum { ST_PENDING = 0, ST_POSTED, ST_DONE };
@@ -206,7 +207,7 @@ void weft_engine_destroy(struct weft_engine *eng)
 
 static bool desc_equal(const struct weft_coll_desc *a, const struct weft_coll_desc *b)
 {
-    return a->coll == b->coll && a->count == b->count && a->root == b->root &&
+    return a->coll == b->coll && a->count == b->count && a->root == b->root && a->algo == b->algo &&
            a->chunk == b->chunk && a->nranks == b->nranks && a->rank == b->rank;
 }
 
@@ -233,7 +234,7 @@ static weft_status_t sched_get(struct weft_engine *eng, const struct weft_coll_d
         weft_sched_free(&victim->s);
     victim->valid = false;
     weft_sched_init(&victim->s);
-    weft_status_t st = weft_ring_build(d, &victim->s);
+    weft_status_t st = weft_sched_build(d, &victim->s);
     if (st != WEFT_OK) {
         weft_sched_free(&victim->s);
         return st;
@@ -327,6 +328,7 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
             .coll = args->coll, .rank = comm->rank, .nranks = comm->nranks,
             .root = args->root, .count = args->count,
             .chunk = WEFT_MAX(eng->chunk_bytes / esize, 1),
+            .algo = weft_tune_pick(comm->algos, args->coll, comm->nranks, args->count * esize),
         };
         pthread_mutex_lock(&eng->mu);
         st = sched_get(eng, &d, &op->ent);
@@ -667,9 +669,11 @@ static weft_status_t complete_posted(struct weft_engine *eng, struct weft_op *op
         if (s->kind == WEFT_STEP_RECV_REDUCE) {
             int32_t slot = op->slot[i];
             int divisor = (s->flags & WEFT_STEP_FINAL) && op->a.op == WEFT_AVG ? comm->nranks : 0;
-            weft_reduce_local(step_ptr(op, s->buf, s->off), step_ptr(op, s->src_buf, s->src_off),
-                        eng->staging + (size_t)slot * eng->chunk_bytes, s->count, op->a.dtype,
-                        op->a.op, divisor);
+            const char *mine = step_ptr(op, s->src_buf, s->src_off);
+            const char *got = eng->staging + (size_t)slot * eng->chunk_bytes;
+            bool swap = s->flags & WEFT_STEP_RECV_FIRST;
+            weft_reduce_local(step_ptr(op, s->buf, s->off), swap ? got : mine, swap ? mine : got,
+                              s->count, op->a.dtype, op->a.op, divisor);
             eng->free_slots[eng->nfree_slots++] = slot;
         }
         op->st[i] = ST_DONE;
