@@ -9,398 +9,19 @@
  */
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms/schedule.h"
-#include "engine.h"
+#include "engine_impl.h"
 #include "reduce.h"
-#include "tune.h"
 #include "transports/transport.h"
-
-enum { ST_PENDING = 0, ST_POSTED, ST_DONE };
-
-#define SCHED_CACHE 64   /* schedules kept per communicator */
-#define MAX_ACTIVE 32    /* ops in flight at once; later ones wait queued */
-#define SCAN_BUDGET 512  /* unposted steps examined per posting pass */
-#define POLL_SLICE_MS 100
-
-/* A cached schedule; refs counts the ops using it (evicted only at 0). */
-struct sched_entry {
-    struct weft_coll_desc desc;
-    struct weft_schedule s;
-    int refs;
-    uint64_t last_use;
-    bool valid;
-};
-
-/* A posted send to our own rank, waiting for our matching receive. */
-struct self_send {
-    struct weft_op *op;
-    uint32_t step;
-};
-
-/* A scratch buffer, kept for the communicator's life once touched. */
-struct scratch {
-    void *p;
-    size_t bytes;
-    bool busy;
-};
-
-/*
- * One operation (also what a weft_request_t points to).  Owner: the engine
- * from submit until the waiter frees it through wait/test.  Per-step arrays
- * have room for cap steps and are reused when the op is recycled.
- */
-struct weft_op {
-    struct weft_op *next;        /* queue, active list or free list */
-    struct weft_comm *comm;
-    struct weft_op_args a;
-    uint64_t seq;
-    struct sched_entry *ent;     /* cached schedule, or NULL for p2p */
-    struct weft_schedule own;    /* p2p: a one-step schedule */
-    const struct weft_schedule *s;
-    size_t cap;
-    uint8_t *st;                 /* (cap) step state */
-    void **treq;                 /* (cap) transport request */
-    int32_t *slot;               /* (cap) staging slot of a RECV_REDUCE */
-    uint32_t *posted;            /* (cap) indices of posted steps */
-    size_t nposted, first_pending, ndone;
-    struct scratch *scratch;
-    char *bufs[3];
-    size_t esize;
-    weft_status_t status;
-    bool done;                   /* guarded by eng->mu */
-    bool started;                /* the driver has set it up */
-};
-
-/*
- * Invariants: only the thread with driving == true touches `active`, the
- * transport, staging slots and step state; everything else below the
- * mutex is guarded by mu.
- */
-struct weft_engine {
-    struct weft_comm *comm;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct weft_op *qhead, *qtail;   /* submitted, not yet active (mu) */
-    struct weft_op *free_ops;        /* recycled ops (mu) */
-    size_t nlive;                    /* submitted and not finished (mu) */
-    bool driving;                    /* (mu) */
-    bool thread_started, stop;       /* (mu) */
-    pthread_t thread;
-    uint64_t next_seq;               /* (mu) */
-
-    /* driver-only state */
-    struct weft_op *active, *active_tail;
-    size_t nactive;
-    uint32_t *stamp;                 /* (2 * nranks) peer-blocked marks */
-    uint32_t gen;
-    char *staging;                   /* (nslots * chunk_bytes) */
-    int32_t *free_slots;
-    int nslots, nfree_slots;
-    size_t chunk_bytes;
-    int spin_us;
-    uint64_t last_event_ns;
-    struct self_send *selfq;         /* sends to ourselves not yet received */
-    size_t selfq_head, selfq_n, selfq_cap;
-
-    struct sched_entry cache[SCHED_CACHE];   /* (mu) */
-    uint64_t cache_clock;
-    struct scratch scratch[MAX_ACTIVE];      /* (driver) */
-};
-
-struct weft_comm *weft_op_comm(struct weft_op *op)
-{
-    return op->comm;
-}
-
-weft_status_t weft_engine_create(struct weft_comm *comm, struct weft_engine **out)
-{
-    struct weft_engine *eng = calloc(1, sizeof(*eng));
-    if (eng == NULL)
-        return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate the engine");
-    eng->comm = comm;
-    pthread_mutex_init(&eng->mu, NULL);
-    pthread_cond_init(&eng->cv, NULL);
-    int64_t chunk = weft_param_int("WEFT_CHUNK_SIZE");
-    int64_t slots = weft_param_int("WEFT_STAGING_SLOTS");
-    eng->chunk_bytes = (size_t)WEFT_MAX(WEFT_MIN(chunk, (int64_t)1 << 30), 64);
-    eng->chunk_bytes &= ~(size_t)7; /* whole elements of every dtype */
-    eng->nslots = (int)WEFT_MAX(WEFT_MIN(slots, 1024), 1);
-    weft_engine_tune(eng, 1);
-    eng->stamp = calloc(2 * (size_t)comm->nranks, sizeof(uint32_t));
-    eng->free_slots = calloc((size_t)eng->nslots, sizeof(int32_t));
-    eng->staging = weft_buf_alloc((size_t)eng->nslots * eng->chunk_bytes);
-    if (eng->stamp == NULL || eng->free_slots == NULL || eng->staging == NULL) {
-        weft_engine_destroy(eng);
-        return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate %d staging slots of %zu bytes",
-                          (int)slots, eng->chunk_bytes);
-    }
-    for (int i = 0; i < eng->nslots; i++)
-        eng->free_slots[i] = i;
-    eng->nfree_slots = eng->nslots;
-    *out = eng;
-    return WEFT_OK;
-}
-
-void weft_engine_tune(struct weft_engine *eng, int local_ranks)
-{
-    int64_t spin = weft_param_int("WEFT_SPIN_US");
-    if (spin < 0) {
-        /* Spinning against a rank that wants our core only delays it:
-         * measured 4 ranks on 2 cores, 8 B allreduce 230 us spinning 40 us
-         * against 125 us sleeping at once. */
-        cpu_set_t set;
-        int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-        spin = local_ranks <= cores ? 40 : 0;
-    }
-    eng->spin_us = (int)WEFT_MIN(spin, 1000000);
-}
-
-static void op_release(struct weft_op *op)
-{
-    free(op->st);
-    free(op->treq);
-    free(op->slot);
-    free(op->posted);
-    weft_sched_free(&op->own);
-    free(op);
-}
-
-void weft_engine_destroy(struct weft_engine *eng)
-{
-    if (eng == NULL)
-        return;
-    pthread_mutex_lock(&eng->mu);
-    eng->stop = true;
-    pthread_cond_broadcast(&eng->cv);
-    bool joined = eng->thread_started;
-    pthread_mutex_unlock(&eng->mu);
-    if (joined) {
-        if (eng->comm->tops && eng->comm->tctx)
-            eng->comm->tops->wakeup(eng->comm->tctx);
-        pthread_join(eng->thread, NULL);
-    }
-    while (eng->free_ops) {
-        struct weft_op *op = eng->free_ops;
-        eng->free_ops = op->next;
-        op_release(op);
-    }
-    for (size_t i = 0; i < SCHED_CACHE; i++)
-        if (eng->cache[i].valid)
-            weft_sched_free(&eng->cache[i].s);
-    for (size_t i = 0; i < MAX_ACTIVE; i++)
-        weft_buf_free(eng->scratch[i].p, eng->scratch[i].bytes);
-    weft_buf_free(eng->staging, (size_t)eng->nslots * eng->chunk_bytes);
-    free(eng->stamp);
-    free(eng->free_slots);
-    free(eng->selfq);
-    pthread_cond_destroy(&eng->cv);
-    pthread_mutex_destroy(&eng->mu);
-    free(eng);
-}
-
-/* ---- schedules ---------------------------------------------------------- */
-
-static bool desc_equal(const struct weft_coll_desc *a, const struct weft_coll_desc *b)
-{
-    return a->coll == b->coll && a->count == b->count && a->root == b->root && a->algo == b->algo &&
-           a->chunk == b->chunk && a->nranks == b->nranks && a->rank == b->rank;
-}
-
-/* Called with mu held. */
-static weft_status_t sched_get(struct weft_engine *eng, const struct weft_coll_desc *d,
-                               struct sched_entry **out)
-{
-    struct sched_entry *victim = NULL;
-    for (size_t i = 0; i < SCHED_CACHE; i++) {
-        struct sched_entry *e = &eng->cache[i];
-        if (e->valid && desc_equal(&e->desc, d)) {
-            e->refs++;
-            e->last_use = ++eng->cache_clock;
-            *out = e;
-            return WEFT_OK;
-        }
-        if (e->refs == 0 && (victim == NULL || !e->valid ||
-                             (victim->valid && e->last_use < victim->last_use)))
-            victim = e;
-    }
-    if (victim == NULL)
-        return weft_error(eng->comm, WEFT_ERR_NO_MEMORY, "schedule cache is full of ops in flight");
-    if (victim->valid)
-        weft_sched_free(&victim->s);
-    victim->valid = false;
-    weft_sched_init(&victim->s);
-    weft_status_t st = weft_sched_build(d, &victim->s);
-    if (st != WEFT_OK) {
-        weft_sched_free(&victim->s);
-        return st;
-    }
-    victim->desc = *d;
-    victim->valid = true;
-    victim->refs = 1;
-    victim->last_use = ++eng->cache_clock;
-    *out = victim;
-    return WEFT_OK;
-}
-
-static weft_status_t op_reserve(struct weft_op *op, size_t n)
-{
-    if (n <= op->cap)
-        return WEFT_OK;
-    size_t cap = WEFT_MAX(n, 2 * op->cap);
-    uint8_t *st = realloc(op->st, cap);
-    if (st)
-        op->st = st;
-    void **treq = realloc(op->treq, cap * sizeof(void *));
-    if (treq)
-        op->treq = treq;
-    int32_t *slot = realloc(op->slot, cap * sizeof(int32_t));
-    if (slot)
-        op->slot = slot;
-    uint32_t *posted = realloc(op->posted, cap * sizeof(uint32_t));
-    if (posted)
-        op->posted = posted;
-    if (!st || !treq || !slot || !posted)
-        return weft_error(op->comm, WEFT_ERR_NO_MEMORY, "cannot allocate state for %zu steps", n);
-    op->cap = cap;
-    return WEFT_OK;
-}
-
-static void sched_put(struct weft_engine *eng, struct weft_op *op)
-{
-    if (op->ent) {
-        pthread_mutex_lock(&eng->mu);
-        op->ent->refs--;
-        pthread_mutex_unlock(&eng->mu);
-        op->ent = NULL;
-    }
-}
-
-weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_args *args,
-                                 struct weft_op **out)
-{
-    struct weft_engine *eng = comm->eng;
-    size_t esize = weft_dtype_size(args->dtype);
-    pthread_mutex_lock(&eng->mu);
-    struct weft_op *op = eng->free_ops;
-    if (op)
-        eng->free_ops = op->next;
-    pthread_mutex_unlock(&eng->mu);
-    if (op == NULL) {
-        op = calloc(1, sizeof(*op));
-        if (op == NULL)
-            return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate an operation");
-        weft_sched_init(&op->own);
-    }
-    op->next = NULL;
-    op->comm = comm;
-    op->a = *args;
-    op->esize = esize;
-    op->ent = NULL;
-    op->scratch = NULL;
-    op->done = op->started = false;
-    op->status = WEFT_OK;
-    op->nposted = op->first_pending = op->ndone = 0;
-
-    weft_status_t st = WEFT_OK;
-    if (args->coll == WEFT_COLL_SEND || args->coll == WEFT_COLL_RECV) {
-        op->own.nsteps = 0;
-        op->own.scratch_count = 0;
-        if (args->count > 0) {
-            bool send = args->coll == WEFT_COLL_SEND;
-            struct weft_step step = {
-                .kind = send ? WEFT_STEP_SEND : WEFT_STEP_RECV,
-                .buf = send ? WEFT_BUF_SEND : WEFT_BUF_RECV,
-                .peer = args->root,
-                .deps = {-1, -1, -1},
-                .count = args->count,
-            };
-            if (weft_sched_add(&op->own, &step) < 0)
-                st = weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate a schedule");
-        }
-        op->s = &op->own;
-    } else {
-        struct weft_coll_desc d = {
-            .coll = args->coll, .rank = comm->rank, .nranks = comm->nranks,
-            .root = args->root, .count = args->count,
-            .chunk = WEFT_MAX(eng->chunk_bytes / esize, 1),
-            .algo = weft_tune_pick(comm->algos, args->coll, comm->nranks, args->count * esize),
-        };
-        pthread_mutex_lock(&eng->mu);
-        st = sched_get(eng, &d, &op->ent);
-        pthread_mutex_unlock(&eng->mu);
-        if (st == WEFT_OK)
-            op->s = &op->ent->s;
-    }
-    if (st == WEFT_OK)
-        st = op_reserve(op, op->s->nsteps);
-    if (st != WEFT_OK) {
-        weft_engine_op_free(comm, op);
-        return st;
-    }
-    if (op->s->nsteps > 0)
-        memset(op->st, ST_PENDING, op->s->nsteps);
-    *out = op;
-    return WEFT_OK;
-}
-
-void weft_engine_op_free(struct weft_comm *comm, struct weft_op *op)
-{
-    struct weft_engine *eng = comm->eng;
-    sched_put(eng, op);
-    pthread_mutex_lock(&eng->mu);
-    op->next = eng->free_ops;
-    eng->free_ops = op;
-    pthread_mutex_unlock(&eng->mu);
-}
-
-/* ---- driving ------------------------------------------------------------ */
 
 static const char *dtype_name(weft_dtype_t t)
 {
     static const char *const names[] = {"int8",    "uint8",   "int32",   "uint32",  "int64",
                                         "uint64",  "float16", "float32", "float64", "bfloat16"};
     return (unsigned)t < WEFT_ARRAY_SIZE(names) ? names[t] : "?";
-}
-
-static weft_status_t scratch_acquire(struct weft_engine *eng, struct weft_op *op)
-{
-    size_t need = op->s->scratch_count * op->esize;
-    if (need == 0)
-        return WEFT_OK;
-    struct scratch *empty = NULL, *small = NULL;
-    for (size_t i = 0; i < MAX_ACTIVE; i++) {
-        struct scratch *sc = &eng->scratch[i];
-        if (sc->busy)
-            continue;
-        if (sc->p && sc->bytes >= need) {
-            sc->busy = true;
-            op->scratch = sc;
-            return WEFT_OK;
-        }
-        if (!sc->p && !empty)
-            empty = sc;
-        else if (sc->p && !small)
-            small = sc;
-    }
-    struct scratch *sc = empty ? empty : small;
-    if (sc == NULL)
-        return weft_error(eng->comm, WEFT_ERR_INTERNAL, "no free scratch buffer");
-    weft_buf_free(sc->p, sc->bytes);
-    sc->bytes = need;
-    sc->p = weft_buf_alloc(need);
-    if (sc->p == NULL) {
-        sc->bytes = 0;
-        return weft_error(eng->comm, WEFT_ERR_NO_MEMORY, "cannot allocate %zu bytes of scratch",
-                          need);
-    }
-    sc->busy = true;
-    op->scratch = sc;
-    return WEFT_OK;
 }
 
 /* Moves queued ops to the active list (driver only). */
@@ -479,7 +100,7 @@ static weft_status_t start_op(struct weft_engine *eng, struct weft_op *op)
 {
     op->bufs[WEFT_BUF_SEND] = (char *)op->a.sendbuf;
     op->bufs[WEFT_BUF_RECV] = op->a.recvbuf;
-    WEFT_CHECK(scratch_acquire(eng, op));
+    WEFT_CHECK(weft_engine_scratch_acquire(eng, op));
     op->bufs[WEFT_BUF_SCRATCH] = op->scratch ? op->scratch->p : NULL;
     op->started = true;
     return WEFT_OK;
@@ -823,17 +444,6 @@ void weft_engine_submit(struct weft_comm *comm, struct weft_op *op, bool backgro
         comm->tops->wakeup(comm->tctx);
 }
 
-static weft_status_t reap(struct weft_engine *eng, struct weft_op *op)
-{
-    weft_status_t st = op->status;
-    sched_put(eng, op);
-    pthread_mutex_lock(&eng->mu);
-    op->next = eng->free_ops;
-    eng->free_ops = op;
-    pthread_mutex_unlock(&eng->mu);
-    return st;
-}
-
 weft_status_t weft_engine_wait(struct weft_comm *comm, struct weft_op *op)
 {
     struct weft_engine *eng = comm->eng;
@@ -851,7 +461,7 @@ weft_status_t weft_engine_wait(struct weft_comm *comm, struct weft_op *op)
         }
     }
     pthread_mutex_unlock(&eng->mu);
-    return reap(eng, op);
+    return weft_engine_reap(eng, op);
 }
 
 weft_status_t weft_engine_test(struct weft_comm *comm, struct weft_op *op, int *done)
@@ -879,7 +489,7 @@ weft_status_t weft_engine_test(struct weft_comm *comm, struct weft_op *op, int *
     *done = fin;
     if (!fin)
         return WEFT_INPROGRESS;
-    return reap(eng, op);
+    return weft_engine_reap(eng, op);
 }
 
 weft_status_t weft_engine_drain(struct weft_comm *comm)

@@ -765,7 +765,7 @@ Test(ring, step_structure)
     weft_sched_init(&s);
     /* p=1: one COPY, or nothing for count 0. */
     for (int coll = 0; coll <= WEFT_COLL_REDUCE; coll++) {
-        struct weft_coll_desc d = { coll, 0, 1, 0, 5, 2 };
+        struct weft_coll_desc d = { coll, 0, 1, 0, 5, 2, WEFT_ALGO_RING };
         cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
         cr_assert(s.nsteps == 1 && s.steps[0].kind == WEFT_STEP_COPY && s.steps[0].count == 5 &&
                       s.scratch_count == 0,
@@ -776,7 +776,7 @@ Test(ring, step_structure)
     /* Allreduce p=4, N=8, chunk 1: 2 elements per block, 2 chunks per round,
      * 3 + 3 rounds of (send, receive) per chunk = 24 steps; FINAL only on
      * the last reduce-scatter round. */
-    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 1, 4, 0, 8, 1 };
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 1, 4, 0, 8, 1, WEFT_ALGO_RING };
     cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
     cr_assert(s.nsteps == 24 && s.scratch_count == 0, "%zu steps", s.nsteps);
     int finals = 0;
@@ -794,9 +794,9 @@ Test(ring, step_structure)
     }
     cr_assert(finals == 2);
     /* Reduce_scatter asks for scratch; reduce only on middle ranks. */
-    d = (struct weft_coll_desc){ WEFT_COLL_REDUCE_SCATTER, 0, 4, 0, 10, 4 };
+    d = (struct weft_coll_desc){ WEFT_COLL_REDUCE_SCATTER, 0, 4, 0, 10, 4, WEFT_ALGO_RING };
     cr_assert(weft_ring_build(&d, &s) == WEFT_OK && s.scratch_count == 40);
-    d = (struct weft_coll_desc){ WEFT_COLL_REDUCE, 2, 4, 0, 10, 4 };
+    d = (struct weft_coll_desc){ WEFT_COLL_REDUCE, 2, 4, 0, 10, 4, WEFT_ALGO_RING };
     cr_assert(weft_ring_build(&d, &s) == WEFT_OK && s.scratch_count == 10);
     d.rank = 0; /* the root */
     cr_assert(weft_ring_build(&d, &s) == WEFT_OK && s.scratch_count == 0);
@@ -814,17 +814,17 @@ Test(ring, bad_descriptions)
         weft_status_t want;
         const char *needle;
     } c[] = {
-        { { WEFT_COLL_ALLREDUCE, 0, 0, 0, 4, 1 }, WEFT_ERR_INVALID_ARG, "nranks" },
-        { { WEFT_COLL_ALLREDUCE, -1, 4, 0, 4, 1 }, WEFT_ERR_INVALID_ARG, "rank -1" },
-        { { WEFT_COLL_ALLREDUCE, 4, 4, 0, 4, 1 }, WEFT_ERR_INVALID_ARG, "rank 4" },
-        { { WEFT_COLL_BROADCAST, 0, 4, 4, 4, 1 }, WEFT_ERR_INVALID_ARG, "root 4" },
-        { { WEFT_COLL_REDUCE, 0, 4, -1, 4, 1 }, WEFT_ERR_INVALID_ARG, "root -1" },
-        { { WEFT_COLL_ALLREDUCE, 0, 4, 0, 4, 0 }, WEFT_ERR_INVALID_ARG, "chunk" },
-        { { 99, 0, 4, 0, 4, 1 }, WEFT_ERR_INVALID_ARG, "unknown collective" },
-        { { -1, 0, 4, 0, 4, 1 }, WEFT_ERR_INVALID_ARG, "unknown collective" },
-        { { WEFT_COLL_SEND, 0, 4, 0, 4, 1 }, WEFT_ERR_UNSUPPORTED, "point to point" },
-        { { WEFT_COLL_ALLGATHER, 0, 4, 0, SIZE_MAX / 2, 1 }, WEFT_ERR_INVALID_ARG, "overflows" },
-        { { WEFT_COLL_REDUCE_SCATTER, 0, 3, 0, SIZE_MAX / 2, 1 }, WEFT_ERR_INVALID_ARG,
+        { { WEFT_COLL_ALLREDUCE, 0, 0, 0, 4, 1, WEFT_ALGO_RING }, WEFT_ERR_INVALID_ARG, "nranks" },
+        { { WEFT_COLL_ALLREDUCE, -1, 4, 0, 4, 1, WEFT_ALGO_RING }, WEFT_ERR_INVALID_ARG, "rank -1" },
+        { { WEFT_COLL_ALLREDUCE, 4, 4, 0, 4, 1, WEFT_ALGO_RING }, WEFT_ERR_INVALID_ARG, "rank 4" },
+        { { WEFT_COLL_BROADCAST, 0, 4, 4, 4, 1, WEFT_ALGO_RING }, WEFT_ERR_INVALID_ARG, "root 4" },
+        { { WEFT_COLL_REDUCE, 0, 4, -1, 4, 1, WEFT_ALGO_RING }, WEFT_ERR_INVALID_ARG, "root -1" },
+        { { WEFT_COLL_ALLREDUCE, 0, 4, 0, 4, 0, WEFT_ALGO_RING }, WEFT_ERR_INVALID_ARG, "chunk" },
+        { { 99, 0, 4, 0, 4, 1, WEFT_ALGO_RING }, WEFT_ERR_INVALID_ARG, "unknown collective" },
+        { { -1, 0, 4, 0, 4, 1, WEFT_ALGO_RING }, WEFT_ERR_INVALID_ARG, "unknown collective" },
+        { { WEFT_COLL_SEND, 0, 4, 0, 4, 1, WEFT_ALGO_RING }, WEFT_ERR_UNSUPPORTED, "point to point" },
+        { { WEFT_COLL_ALLGATHER, 0, 4, 0, SIZE_MAX / 2, 1, WEFT_ALGO_RING }, WEFT_ERR_INVALID_ARG, "overflows" },
+        { { WEFT_COLL_REDUCE_SCATTER, 0, 3, 0, SIZE_MAX / 2, 1, WEFT_ALGO_RING }, WEFT_ERR_INVALID_ARG,
           "overflows" },
     };
     for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
@@ -835,7 +835,7 @@ Test(ring, bad_descriptions)
         cr_assert(s.nsteps == 0);
     }
     /* Root does not matter where there is none. */
-    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 4, 77, 4, 1 };
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 4, 77, 4, 1, WEFT_ALGO_RING };
     cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
     cr_assert(weft_ring_build(NULL, &s) == WEFT_ERR_INVALID_ARG);
     cr_assert(weft_ring_build(&d, NULL) == WEFT_ERR_INVALID_ARG);
@@ -847,7 +847,7 @@ Test(ring, rebuild_reuses_schedule)
 {
     struct weft_schedule s;
     weft_sched_init(&s);
-    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 8, 0, 1000, 1 };
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 8, 0, 1000, 1, WEFT_ALGO_RING };
     cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
     size_t big = s.nsteps;
     d.count = 16;
@@ -1056,7 +1056,7 @@ Test(schedule, coll_counts_and_names)
         { WEFT_COLL_RECV, 0, 10, "recv" },
     };
     for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
-        struct weft_coll_desc d = { c[i].coll, 1, 4, 0, 10, 1 };
+        struct weft_coll_desc d = { c[i].coll, 1, 4, 0, 10, 1, WEFT_ALGO_RING };
         cr_assert(weft_coll_send_count(&d) == c[i].send, "%s send", c[i].name);
         cr_assert(weft_coll_recv_count(&d) == c[i].recv, "%s recv", c[i].name);
         cr_assert_str_eq(weft_coll_name(c[i].coll), c[i].name);

@@ -284,7 +284,7 @@ struct hammer {
     union weft_sockaddr target;  /* rank 1's data listener */
     uint64_t job;
     atomic_int stop;
-    int rounds;                  /* stranger rounds done */
+    atomic_int rounds;           /* stranger rounds done */
     int auth_ok;                 /* wrong-secret handshakes that succeeded: must stay 0 */
     size_t bytes;                /* bytes any stranger socket received: must stay 0 */
     int garbage_open;            /* garbage sockets not closed in time */
@@ -361,10 +361,24 @@ static int hammered_body(weft_comm_t comm, int rank, int p, void *arg)
     }
     enum { CNT = 4099 };
     static int32_t x[CNT], y[CNT];
-    for (int it = 0; it < B_ROUNDS + 20; it++) {
-        if (it == B_ROUNDS && rank == 0) {
-            atomic_store(&h.stop, 1);
-            pthread_join(th, NULL);
+    /* The attack lasts at least B_ROUNDS operations and until the stranger
+     * has done 5 rounds (on a loaded machine the operations can outrun it);
+     * rank 0 decides and tells the others with each round's first call. */
+    int attack_end = -1;
+    for (int it = 0; attack_end < 0 || it < attack_end + 20; it++) {
+        if (attack_end < 0) {
+            int32_t more = rank == 0 && (it < B_ROUNDS || (atomic_load(&h.rounds) < 5 &&
+                                                           it < 50 * B_ROUNDS));
+            int32_t any = 0;
+            WT_CHECK_OK(rank, comm, "attack-phase vote",
+                        weft_allreduce(&more, &any, 1, WEFT_INT32, WEFT_MAX, comm));
+            if (!any) {
+                attack_end = it;
+                if (rank == 0) {
+                    atomic_store(&h.stop, 1);
+                    pthread_join(th, NULL);
+                }
+            }
         }
         for (int i = 0; i < CNT; i++)
             x[i] = (rank + 1) * (i - it);

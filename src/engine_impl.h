@@ -1,0 +1,112 @@
+/*
+ * engine_impl.h - what the two halves of the engine share: op.c (op
+ * objects, the schedule cache, scratch buffers) and engine.c (driving).
+ * Private to those two files.
+ */
+#ifndef WEFT_ENGINE_IMPL_H
+#define WEFT_ENGINE_IMPL_H
+
+#include <pthread.h>
+
+#include "algorithms/schedule.h"
+#include "engine.h"
+
+enum { ST_PENDING = 0, ST_POSTED, ST_DONE };
+
+#define SCHED_CACHE 64   /* schedules kept per communicator */
+#define MAX_ACTIVE 32    /* ops in flight at once; later ones wait queued */
+#define SCAN_BUDGET 512  /* unposted steps examined per posting pass */
+#define POLL_SLICE_MS 100
+
+/* A cached schedule; refs counts the ops using it (evicted only at 0). */
+struct sched_entry {
+    struct weft_coll_desc desc;
+    struct weft_schedule s;
+    int refs;
+    uint64_t last_use;
+    bool valid;
+};
+
+/* A posted send to our own rank, waiting for our matching receive. */
+struct self_send {
+    struct weft_op *op;
+    uint32_t step;
+};
+
+/* A scratch buffer, kept for the communicator's life once touched. */
+struct scratch {
+    void *p;
+    size_t bytes;
+    bool busy;
+};
+
+/*
+ * One operation (also what a weft_request_t points to).  Owner: the engine
+ * from submit until the waiter frees it through wait/test.  Per-step arrays
+ * have room for cap steps and are reused when the op is recycled.
+ */
+struct weft_op {
+    struct weft_op *next;        /* queue, active list or free list */
+    struct weft_comm *comm;
+    struct weft_op_args a;
+    uint64_t seq;
+    struct sched_entry *ent;     /* cached schedule, or NULL for p2p */
+    struct weft_schedule own;    /* p2p: a one-step schedule */
+    const struct weft_schedule *s;
+    size_t cap;
+    uint8_t *st;                 /* (cap) step state */
+    void **treq;                 /* (cap) transport request */
+    int32_t *slot;               /* (cap) staging slot of a RECV_REDUCE */
+    uint32_t *posted;            /* (cap) indices of posted steps */
+    size_t nposted, first_pending, ndone;
+    struct scratch *scratch;
+    char *bufs[3];
+    size_t esize;
+    weft_status_t status;
+    bool done;                   /* guarded by eng->mu */
+    bool started;                /* the driver has set it up */
+};
+
+/*
+ * Invariants: only the thread with driving == true touches `active`, the
+ * transport, staging slots and step state; everything else below the
+ * mutex is guarded by mu.
+ */
+struct weft_engine {
+    struct weft_comm *comm;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct weft_op *qhead, *qtail;   /* submitted, not yet active (mu) */
+    struct weft_op *free_ops;        /* recycled ops (mu) */
+    size_t nlive;                    /* submitted and not finished (mu) */
+    bool driving;                    /* (mu) */
+    bool thread_started, stop;       /* (mu) */
+    pthread_t thread;
+    uint64_t next_seq;               /* (mu) */
+
+    /* driver-only state */
+    struct weft_op *active, *active_tail;
+    size_t nactive;
+    uint32_t *stamp;                 /* (2 * nranks) peer-blocked marks */
+    uint32_t gen;
+    char *staging;                   /* (nslots * chunk_bytes) */
+    int32_t *free_slots;
+    int nslots, nfree_slots;
+    size_t chunk_bytes;
+    int spin_us;
+    uint64_t last_event_ns;
+    struct self_send *selfq;         /* sends to ourselves not yet received */
+    size_t selfq_head, selfq_n, selfq_cap;
+
+    struct sched_entry cache[SCHED_CACHE];   /* (mu) */
+    uint64_t cache_clock;
+    struct scratch scratch[MAX_ACTIVE];      /* (driver) */
+};
+
+
+/* Returns a finished op to the free list; its status. */
+weft_status_t weft_engine_reap(struct weft_engine *eng, struct weft_op *op) WEFT_HIDDEN;
+/* Gives op a scratch buffer of its schedule's size (driver only). */
+weft_status_t weft_engine_scratch_acquire(struct weft_engine *eng, struct weft_op *op) WEFT_HIDDEN;
+
+#endif /* WEFT_ENGINE_IMPL_H */
