@@ -21,6 +21,8 @@
 #define MAX_PENDING 64             /* unauthenticated connections held at once */
 #define HANDSHAKE_MS 10000         /* bound on one connection's handshake */
 #define BS_MAGIC 0x53425746u       /* "WFBS": header of every bootstrap message */
+#define BS_ERROR 0x52454657u       /* "WFER": the root failed; the text follows */
+#define BS_ERROR_MAX 400           /* bytes of error text */
 
 /*
  * Owner: the communicator.  fds[i] (root only) is the authenticated
@@ -211,6 +213,22 @@ static weft_status_t msg_recv(struct weft_comm *comm, int fd, int peer, void *bu
 {
     uint8_t hdr[8];
     WEFT_CHECK(weft_sock_recv_all(fd, hdr, sizeof(hdr), deadline));
+    if (get32(hdr) == BS_ERROR && get32(hdr + 4) <= BS_ERROR_MAX) {
+        /* The root gave up (a rank never came, ...): pass on its reason. */
+        uint8_t text[BS_ERROR_MAX + 1];
+        size_t n = get32(hdr + 4);
+        if (n < 4 || weft_sock_recv_all(fd, text, n, deadline) != WEFT_OK)
+            return weft_error(comm, WEFT_ERR_REMOTE, "rank %d failed the bootstrap", peer);
+        text[n] = '\0';
+        for (size_t i = 4; i < n; i++)
+            if (text[i] < 32 || text[i] > 126)
+                text[i] = '?';
+        /* Its status when it is one a bootstrap can end with, else REMOTE. */
+        int32_t code = (int32_t)get32(text);
+        weft_status_t st = code == WEFT_ERR_TIMEOUT || code == WEFT_ERR_INVALID_ARG ? code
+                                                                                   : WEFT_ERR_REMOTE;
+        return weft_error(comm, st, "rank %d failed the bootstrap: %s", peer, (char *)text + 4);
+    }
     if (get32(hdr) != BS_MAGIC || get32(hdr + 4) != len)
         return weft_error(comm, WEFT_ERR_REMOTE,
                           "bootstrap: bad message from rank %d (magic %08x, %u bytes, expected %zu)",
@@ -384,6 +402,21 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
 out:
     while (npend > 0)
         pending_drop(pend, &npend, 0);
+    if (st != WEFT_OK) {
+        /* Tell the ranks that did join why, instead of leaving them to
+         * their own deadline. */
+        char text[WEFT_ERRMSG_LEN];
+        put32((uint8_t *)text, (uint32_t)st);
+        weft_comm_last_error_copy(comm, text + 4, sizeof(text) - 4);
+        uint8_t hdr[8];
+        size_t n = WEFT_MIN(4 + strlen(text + 4), (size_t)BS_ERROR_MAX);
+        put32(hdr, BS_ERROR);
+        put32(hdr + 4, (uint32_t)n);
+        uint64_t soon = weft_now_ns() + 1000000000ull;
+        for (int r = 1; r < bs->nranks; r++)
+            if (bs->fds[r] >= 0 && weft_sock_send_all(bs->fds[r], hdr, sizeof(hdr), soon) == WEFT_OK)
+                weft_sock_send_all(bs->fds[r], text, n, soon);
+    }
     return st;
 }
 

@@ -273,6 +273,7 @@ weft_status_t weft_comm_init_env(weft_comm_t *out)
                                 "weft_comm_init_env: %s=%d is out of range for %s=%d", rvar, rank,
                                 svar, nranks);
 
+    weft_log_set_rank(rank);
     weft_unique_id_t id;
     struct weft_uid uid;
     const char *hex = getenv("WEFT_UNIQUE_ID");
