@@ -67,14 +67,16 @@ static weft_status_t exchange_fold_in(struct rd *g, int peer)
 
 weft_status_t weft_rd_build(const struct weft_coll_desc *d, struct weft_schedule *s)
 {
+    if (d == NULL || s == NULL)
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "rd: NULL %s", d ? "schedule" : "desc");
+    s->nsteps = 0;
+    s->scratch_count = 0;
     if (d->coll != WEFT_COLL_ALLREDUCE)
         return weft_error(NULL, WEFT_ERR_UNSUPPORTED, "rd: only allreduce, not %s",
                           weft_coll_name(d->coll));
     if (d->nranks < 1 || d->rank < 0 || d->rank >= d->nranks || d->chunk == 0)
         return weft_error(NULL, WEFT_ERR_INVALID_ARG, "rd: bad desc (rank %d of %d, chunk %zu)",
                           d->rank, d->nranks, d->chunk);
-    s->nsteps = 0;
-    s->scratch_count = 0;
     struct rd g = {.s = s, .n = d->count, .chunk = d->chunk};
     size_t nchunks = d->count / d->chunk + (d->count % d->chunk != 0);
     int r = d->rank, p = d->nranks;

@@ -88,6 +88,19 @@ static inline char *step_ptr(const struct weft_op *op, int buf, size_t off)
     return op->bufs[buf] + off * op->esize;
 }
 
+/* A RECV_REDUCE is posted as soon as its dependencies are in flight: the
+ * bytes land in a staging slot and only the reduce waits for them.  Holding
+ * the receive back instead would make two partners that each send before
+ * combining depend on the kernel buffering a whole chunk (rd with chunks
+ * larger than the socket buffers hung that way). */
+static bool deps_posted(const struct weft_op *op, const struct weft_step *s)
+{
+    for (int k = 0; k < WEFT_STEP_MAX_DEPS; k++)
+        if (s->deps[k] >= 0 && op->st[s->deps[k]] == ST_PENDING)
+            return false;
+    return true;
+}
+
 static bool deps_done(const struct weft_op *op, const struct weft_step *s)
 {
     for (int k = 0; k < WEFT_STEP_MAX_DEPS; k++)
@@ -181,8 +194,9 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
                 if (*mark == gen)
                     continue; /* an earlier message to/from this peer is not posted yet */
             }
-            if (!deps_done(op, s) ||
-                (s->kind == WEFT_STEP_RECV_REDUCE && eng->nfree_slots == 0)) {
+            bool early = s->kind == WEFT_STEP_RECV_REDUCE && s->peer != comm->rank;
+            bool ready = early ? deps_posted(op, s) : deps_done(op, s);
+            if (!ready || (s->kind == WEFT_STEP_RECV_REDUCE && eng->nfree_slots == 0)) {
                 if (mark)
                     *mark = gen;
                 continue;
@@ -249,6 +263,22 @@ static const char *coll_label(const struct weft_op *op, char *buf, size_t len)
     return buf;
 }
 
+/* Combines a landed chunk into its destination and frees its slot. */
+static void reduce_landed(struct weft_engine *eng, struct weft_op *op, const struct weft_step *s,
+                          uint32_t i)
+{
+    int32_t slot = op->slot[i];
+    int divisor = (s->flags & WEFT_STEP_FINAL) && op->a.op == WEFT_AVG ? eng->comm->nranks : 0;
+    const char *mine = step_ptr(op, s->src_buf, s->src_off);
+    const char *got = eng->staging + (size_t)slot * eng->chunk_bytes;
+    bool swap = s->flags & WEFT_STEP_RECV_FIRST;
+    weft_reduce_local(step_ptr(op, s->buf, s->off), swap ? got : mine, swap ? mine : got, s->count,
+                      op->a.dtype, op->a.op, divisor);
+    eng->free_slots[eng->nfree_slots++] = slot;
+    op->st[i] = ST_DONE;
+    op->ndone++;
+}
+
 /* Tests posted steps; reduces landed chunks.  Returns an error to fail all. */
 static weft_status_t complete_posted(struct weft_engine *eng, struct weft_op *op, bool *changed)
 {
@@ -258,6 +288,16 @@ static weft_status_t complete_posted(struct weft_engine *eng, struct weft_op *op
         const struct weft_step *s = &op->s->steps[i];
         int done = 0;
         size_t got = 0;
+        if (op->st[i] == ST_LANDED) {
+            if (!deps_done(op, s)) {
+                k++;
+                continue;
+            }
+            reduce_landed(eng, op, s, i);
+            op->posted[k] = op->posted[--op->nposted];
+            *changed = true;
+            continue;
+        }
         weft_status_t st = comm->tops->test(op->treq[i], &done, &got);
         if (st != WEFT_OK) {
             char label[160], why[WEFT_ERRMSG_LEN];
@@ -287,20 +327,19 @@ static weft_status_t complete_posted(struct weft_engine *eng, struct weft_op *op
                               comm->rank, coll_label(op, label, sizeof(label)), s->peer, got,
                               bytes);
         }
-        if (s->kind == WEFT_STEP_RECV_REDUCE) {
-            int32_t slot = op->slot[i];
-            int divisor = (s->flags & WEFT_STEP_FINAL) && op->a.op == WEFT_AVG ? comm->nranks : 0;
-            const char *mine = step_ptr(op, s->src_buf, s->src_off);
-            const char *got = eng->staging + (size_t)slot * eng->chunk_bytes;
-            bool swap = s->flags & WEFT_STEP_RECV_FIRST;
-            weft_reduce_local(step_ptr(op, s->buf, s->off), swap ? got : mine, swap ? mine : got,
-                              s->count, op->a.dtype, op->a.op, divisor);
-            eng->free_slots[eng->nfree_slots++] = slot;
-        }
-        op->st[i] = ST_DONE;
-        op->ndone++;
-        op->posted[k] = op->posted[--op->nposted];
         *changed = true;
+        if (s->kind == WEFT_STEP_RECV_REDUCE) {
+            op->st[i] = ST_LANDED;
+            if (!deps_done(op, s)) {
+                k++;
+                continue;
+            }
+            reduce_landed(eng, op, s, i);
+        } else {
+            op->st[i] = ST_DONE;
+            op->ndone++;
+        }
+        op->posted[k] = op->posted[--op->nposted];
     }
     return WEFT_OK;
 }

@@ -11,7 +11,9 @@
 #include "algorithms/schedule.h"
 #include "engine.h"
 
-enum { ST_PENDING = 0, ST_POSTED, ST_DONE };
+/* Step states.  LANDED: a RECV_REDUCE whose bytes are in its staging slot
+ * while its dependencies are still in flight; the reduce waits for them. */
+enum { ST_PENDING = 0, ST_POSTED, ST_LANDED, ST_DONE };
 
 #define SCHED_CACHE 64   /* schedules kept per communicator */
 #define MAX_ACTIVE 32    /* ops in flight at once; later ones wait queued */

@@ -5,6 +5,10 @@
  * file computes itself; then bitwise identity across ranks for inexact
  * float sums, non-blocking requests, groups and point to point.
  *
+ * Allreduce has two algorithms (ring, recursive doubling); the default
+ * jobs let the cost model pick per call, and the `algo` suite runs the
+ * allreduce part once more per rank count with WEFT_ALGO forcing each.
+ *
  * One job per rank count runs the whole matrix (init costs too much to
  * pay per combination).  Inputs are chosen so the documented semantics
  * give one exact answer whatever the reduction order: integers wrap modulo
@@ -17,7 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "algorithms/schedule.h" /* enum weft_algo */
+#include "comm.h"                /* comm->algos: what WEFT_ALGO allowed */
 #include "harness.h"
+#include "tune.h"
 
 #define LARGE 100003u     /* allreduce, reduce, broadcast, p2p */
 #define LARGE_SEG 20011u  /* per-rank count of reduce_scatter and allgather */
@@ -394,6 +401,23 @@ static int run_matrix(struct tc *c)
     return 0;
 }
 
+/* The allreduce part of the matrix alone, for the jobs that force an
+ * algorithm (the other collectives always run the ring). */
+static int run_allreduce_matrix(struct tc *c)
+{
+    for (int d = 0; d < WEFT_NUM_DTYPES; d++) {
+        for (int o = 0; o < WEFT_NUM_OPS; o++) {
+            weft_dtype_t dt = (weft_dtype_t)d;
+            weft_op_t op = (weft_op_t)o;
+            make_input(c, dt, op, LARGE);
+            make_expected(c, dt, op, LARGE);
+            if (run_allreduce(c, dt, op))
+                return -1;
+        }
+    }
+    return 0;
+}
+
 /* ---- bitwise identity of inexact float results ------------------------------- */
 
 /* Unit roundoff of each float type. */
@@ -416,49 +440,87 @@ static void put_random_float(void *buf, size_t k, weft_dtype_t dt, weft_op_t op,
     weft_test_store_f(buf, dt, k, v);
 }
 
+/* The exact answer at j of op over every rank's put_random_float, and the
+ * sum of magnitudes that bounds its rounding error. */
+static double exact_random(const struct tc *c, weft_dtype_t dt, weft_op_t op, size_t j,
+                           double *mag)
+{
+    uint8_t e[8];
+    double exact = 0;
+    *mag = 0;
+    for (int r = 0; r < c->p; r++) {
+        put_random_float(e, 0, dt, op, r, j);
+        double v = weft_test_load_f(e, dt, 0);
+        if (r == 0)
+            exact = v, *mag = fabs(v);
+        else if (op == WEFT_PROD)
+            exact *= v, *mag *= fabs(v);
+        else if (op == WEFT_MAX)
+            exact = v > exact ? v : exact;
+        else if (op == WEFT_MIN)
+            exact = v < exact ? v : exact;
+        else
+            exact += v, *mag += fabs(v);
+    }
+    if (op == WEFT_AVG)
+        exact /= c->p, *mag /= c->p;
+    return exact;
+}
+
+/* Every rank's result hash must be the same as ours. */
+static int same_everywhere(struct tc *c, const char *what, const void *buf, size_t bytes,
+                           uint64_t *hashes)
+{
+    uint64_t mine = weft_test_hash(buf, bytes);
+    CALL(c, what, weft_allgather(&mine, hashes, 1, WEFT_UINT64, c->comm));
+    for (int r = 0; r < c->p; r++)
+        if (hashes[r] != mine) {
+            report(c, "%s: result bits differ between rank %d and rank %d", what, c->rank, r);
+            break;
+        }
+    return 0;
+}
+
 /* Random non-integer floats: every rank must get the same bits, and the
- * result must be within the rounding error of the exact answer. */
+ * result must be within the rounding error of the exact answer (MAX and
+ * MIN: be it).  Two sizes, so that the cost model has both algorithms to
+ * choose from in the default jobs (the small one goes to recursive
+ * doubling). */
 static int run_bitwise(struct tc *c)
 {
     static const weft_dtype_t dts[] = {WEFT_FLOAT16, WEFT_BFLOAT16, WEFT_FLOAT32, WEFT_FLOAT64};
-    static const weft_op_t ops[] = {WEFT_SUM, WEFT_PROD, WEFT_AVG};
-    size_t n = LARGE;
+    static const weft_op_t ops[] = {WEFT_SUM, WEFT_PROD, WEFT_AVG, WEFT_MAX, WEFT_MIN};
+    static const size_t sizes[] = {LARGE, 1001};
     uint64_t *hashes = calloc((size_t)c->p, sizeof(uint64_t));
     if (hashes == NULL)
         return weft_test_fail(c->rank, "out of memory"), -1;
     char what[160];
-    for (size_t d = 0; d < WEFT_ARRAY_SIZE(dts); d++) {
+    int rc = -1;
+    for (size_t k = 0; k < WEFT_ARRAY_SIZE(sizes) * WEFT_ARRAY_SIZE(dts); k++) {
+        size_t n = sizes[k / WEFT_ARRAY_SIZE(dts)];
+        weft_dtype_t dt = dts[k % WEFT_ARRAY_SIZE(dts)];
         for (size_t o = 0; o < WEFT_ARRAY_SIZE(ops); o++) {
-            weft_dtype_t dt = dts[d];
             weft_op_t op = ops[o];
             snprintf(what, sizeof(what), "bitwise allreduce p=%d n=%zu %s %s", c->p, n,
                      weft_test_dtype_name(dt), weft_test_op_name(op));
             for (size_t j = 0; j < n; j++)
                 put_random_float(c->snd, j, dt, op, c->rank, j);
-            CALL(c, what, weft_allreduce(c->snd, c->rcv, n, dt, op, c->comm));
-            uint64_t mine = weft_test_hash(c->rcv, n * weft_dtype_size(dt));
-            CALL(c, what, weft_allgather(&mine, hashes, 1, WEFT_UINT64, c->comm));
-            for (int r = 0; r < c->p; r++)
-                if (hashes[r] != mine)
-                    report(c, "%s: result bits differ between rank %d and rank %d", what,
-                           c->rank, r);
+            weft_status_t st = weft_allreduce(c->snd, c->rcv, n, dt, op, c->comm);
+            c->calls++;
+            if (st != WEFT_OK) {
+                weft_test_fail(c->rank, "%s returned %s: %s", what, weft_status_string(st),
+                               weft_last_error(c->comm));
+                goto out;
+            }
+            if (same_everywhere(c, what, c->rcv, n * weft_dtype_size(dt), hashes))
+                goto out;
             /* Close to the exact value (checked on a sample of elements). */
             double u = unit_roundoff(dt);
-            uint8_t e[8];
             for (size_t j = 0; j < n; j += 13) {
-                double exact = op == WEFT_PROD ? 1 : 0, mag = op == WEFT_PROD ? 1 : 0;
-                for (int r = 0; r < c->p; r++) {
-                    put_random_float(e, 0, dt, op, r, j);
-                    double v = weft_test_load_f(e, dt, 0);
-                    if (op == WEFT_PROD)
-                        exact *= v, mag *= fabs(v);
-                    else
-                        exact += v, mag += fabs(v);
-                }
-                if (op == WEFT_AVG)
-                    exact /= c->p, mag /= c->p;
+                double mag, exact = exact_random(c, dt, op, j, &mag);
                 double got = weft_test_load_f(c->rcv, dt, j);
-                double tol = (c->p + 1) * u * mag * 1.01 + 1e-300;
+                bool cmp = op == WEFT_MAX || op == WEFT_MIN; /* no rounding at all */
+                double tol = cmp ? 0 : (c->p + 1) * u * mag * 1.01 + 1e-300;
                 if (!(fabs(got - exact) <= tol)) {
                     report(c, "%s [%zu]: got %.17g, exact %.17g (tolerance %.3g)", what, j, got,
                            exact, tol);
@@ -467,8 +529,126 @@ static int run_bitwise(struct tc *c)
             }
         }
     }
+    rc = 0;
+out:
     free(hashes);
-    return 0;
+    return rc;
+}
+
+/* ---- operand order: NaN and signed zeros ----------------------------------- */
+
+/* A quiet NaN with h's sign and payload bits. */
+static void store_nan(void *buf, weft_dtype_t dt, size_t k, uint64_t h)
+{
+    bool neg = h >> 63;
+    switch (dt) {
+    case WEFT_FLOAT16:
+        ((uint16_t *)buf)[k] = (uint16_t)(0x7e00u | (h & 0x1ffu) | (neg ? 0x8000u : 0));
+        break;
+    case WEFT_BFLOAT16:
+        ((uint16_t *)buf)[k] = (uint16_t)(0x7fc0u | (h & 0x3fu) | (neg ? 0x8000u : 0));
+        break;
+    case WEFT_FLOAT32:
+        ((uint32_t *)buf)[k] = 0x7fc00000u | (uint32_t)(h & 0x3fffffu) | (neg ? 0x80000000u : 0);
+        break;
+    default:
+        ((uint64_t *)buf)[k] = 0x7ff8000000000000ull | (h & 0x7ffffffffffffull) |
+                               (h & 0x8000000000000000ull);
+        break;
+    }
+}
+
+/* Rank r's input at j: j%4 == 0 a NaN on one rank, 1 a different NaN on
+ * every rank, 2 +0 on even ranks and -0 on odd ones, 3 plain values. */
+static void put_special(void *buf, size_t k, weft_dtype_t dt, int r, int p, size_t j)
+{
+    uint64_t h = weft_test_mix(0x4a4e5ull ^ ((uint64_t)dt << 56) ^ ((uint64_t)r << 40) ^ j);
+    if ((j % 4 == 0 && (int)(j / 4 % (size_t)p) == r) || j % 4 == 1)
+        store_nan(buf, dt, k, h);
+    else if (j % 4 == 2)
+        weft_test_store_f(buf, dt, k, r % 2 ? -0.0 : 0.0);
+    else
+        weft_test_store_f(buf, dt, k, ((double)(h % 4001) - 2000) / 16);
+}
+
+/* MAX and MIN are (a > b ? a : b), and x86 adds two NaNs into the first
+ * one's payload: with NaNs, and with +0 against -0, the result depends on
+ * operand order.  Ranks agree bit for bit only if every rank's result was
+ * combined in the same order (recursive doubling computes it on every
+ * rank).  Every rank's result is gathered and compared with rank 0's. */
+static int run_nan_order(struct tc *c)
+{
+    static const weft_dtype_t dts[] = {WEFT_FLOAT16, WEFT_BFLOAT16, WEFT_FLOAT32, WEFT_FLOAT64};
+    static const weft_op_t ops[] = {WEFT_MAX, WEFT_MIN, WEFT_SUM};
+    const size_t n = 4099;
+    uint8_t *all = malloc(n * 8 * (size_t)c->p);
+    if (all == NULL)
+        return weft_test_fail(c->rank, "out of memory"), -1;
+    char what[160];
+    int rc = -1;
+    for (size_t k = 0; k < 2 * WEFT_ARRAY_SIZE(dts) * WEFT_ARRAY_SIZE(ops); k++) {
+        int inplace = (int)(k % 2);
+        weft_dtype_t dt = dts[k / 2 % WEFT_ARRAY_SIZE(dts)];
+        weft_op_t op = ops[k / 2 / WEFT_ARRAY_SIZE(dts)];
+        size_t es = weft_dtype_size(dt);
+        snprintf(what, sizeof(what), "NaN/zero order allreduce p=%d n=%zu %s %s%s", c->p, n,
+                 weft_test_dtype_name(dt), weft_test_op_name(op), inplace ? " in place" : "");
+        uint8_t *src = inplace ? c->rcv : c->snd;
+        for (size_t j = 0; j < n; j++)
+            put_special(src, j, dt, c->rank, c->p, j);
+        weft_status_t st = weft_allreduce(src, c->rcv, n, dt, op, c->comm);
+        if (st == WEFT_OK)
+            st = weft_allgather(c->rcv, all, n, dt, c->comm);
+        c->calls += 2;
+        if (st != WEFT_OK) {
+            weft_test_fail(c->rank, "%s returned %s: %s", what, weft_status_string(st),
+                           weft_last_error(c->comm));
+            goto out;
+        }
+        /* Rank 0 alone reports disagreement, once per case. */
+        for (int r = 1; r < c->p && c->rank == 0; r++) {
+            const uint8_t *theirs = all + (size_t)r * n * es;
+            if (memcmp(theirs, all, n * es) == 0)
+                continue;
+            size_t j = 0;
+            while (weft_test_load_bits(theirs, dt, j) == weft_test_load_bits(all, dt, j))
+                j++;
+            char a[64], b[64];
+            report(c, "%s: rank %d [%zu] holds %s, rank 0 holds %s (input kind %zu)", what, r, j,
+                   weft_test_format(theirs, dt, j, b, sizeof(b)),
+                   weft_test_format(all, dt, j, a, sizeof(a)), j % 4);
+            break;
+        }
+        /* What the values must be whatever the order. */
+        uint8_t e[8];
+        for (size_t j = 0; j < n; j++) {
+            double got = weft_test_load_f(c->rcv, dt, j);
+            bool ok = true;
+            if (j % 4 == 1 || (j % 4 == 0 && op == WEFT_SUM))
+                ok = isnan(got);
+            else if (j % 4 == 2)
+                ok = got == 0;
+            else if (j % 4 == 3 && op != WEFT_SUM) {
+                double want = 0;
+                for (int r = 0; r < c->p; r++) {
+                    put_special(e, 0, dt, r, c->p, j);
+                    double v = weft_test_load_f(e, dt, 0);
+                    want = r == 0 || (op == WEFT_MAX ? v > want : v < want) ? v : want;
+                }
+                ok = got == want;
+            }
+            if (!ok) {
+                char g[64];
+                report(c, "%s [%zu] (input kind %zu): got %s", what, j, j % 4,
+                       weft_test_format(c->rcv, dt, j, g, sizeof(g)));
+                break;
+            }
+        }
+    }
+    rc = 0;
+out:
+    free(all);
+    return rc;
 }
 
 /* ---- non-blocking requests ------------------------------------------------- */
@@ -805,6 +985,90 @@ static int run_p2p(struct tc *c)
     return 0;
 }
 
+/* ---- algorithm choice --------------------------------------------------------- */
+
+/*
+ * What one job runs, and under which WEFT_ALGO.  Parameters are read once
+ * per process, at the first weft call, and Criterion runs each Test in a
+ * process of its own: a Test sets WEFT_ALGO before its job makes the id
+ * (the parent's first read), and the children forked after that inherit
+ * the value.  check_algo proves in every child that it took.
+ */
+struct job {
+    const char *only; /* parts to run, comma separated (see coll_body); NULL: all */
+    const char *algo; /* WEFT_ALGO of the job; NULL: unset, the cost model picks */
+    int force;        /* enum weft_algo every allreduce runs, or -1 */
+};
+
+/* The communicator allows what the job set, and the pick the engine makes
+ * for each allreduce (weft_tune_pick over comm->algos) is the one forced;
+ * in a default job the model has both algorithms to choose from. */
+static int check_algo(struct tc *c, const struct job *jb)
+{
+    const char *seen = weft_param_str("WEFT_ALGO");
+    if (strcmp(seen, jb->algo ? jb->algo : "") != 0)
+        return weft_test_fail(c->rank, "WEFT_ALGO reads '%s' here, the job set '%s'", seen,
+                              jb->algo ? jb->algo : "");
+    unsigned all = (1u << WEFT_ALGO_COUNT) - 1;
+    unsigned want = jb->force < 0 ? all : 1u << jb->force;
+    if (c->comm->algos != want)
+        return weft_test_fail(c->rank, "WEFT_ALGO=%s: the communicator allows algorithms 0x%x, "
+                              "expected 0x%x", seen, c->comm->algos, want);
+    if (c->p == 1)
+        return 0; /* one rank: nothing to choose */
+    static const size_t sizes[] = {0, 4, 8 * LARGE, (size_t)1 << 30};
+    for (size_t i = 0; jb->force >= 0 && i < WEFT_ARRAY_SIZE(sizes); i++) {
+        int got = weft_tune_pick(c->comm->algos, WEFT_COLL_ALLREDUCE, c->p, sizes[i]);
+        if (got != jb->force)
+            return weft_test_fail(c->rank, "WEFT_ALGO=%s: an allreduce of %zu bytes runs %s",
+                                  seen, sizes[i], weft_algo_name(got));
+    }
+    if (jb->force < 0) {
+        int small = weft_tune_pick(all, WEFT_COLL_ALLREDUCE, c->p, 1001 * 4);
+        int big = weft_tune_pick(all, WEFT_COLL_ALLREDUCE, c->p, (size_t)1 << 30);
+        if (small != WEFT_ALGO_RD || big != WEFT_ALGO_RING)
+            return weft_test_fail(c->rank, "the cost model picks %s for 4004 bytes and %s for "
+                                  "1 GiB: the default jobs would not run both algorithms",
+                                  weft_algo_name(small), weft_algo_name(big));
+    }
+    if (weft_tune_pick(c->comm->algos, WEFT_COLL_BROADCAST, c->p, 4) != WEFT_ALGO_RING)
+        return weft_test_fail(c->rank, "a broadcast would not run the ring");
+    return 0;
+}
+
+/* Recursive doubling with chunks larger than the socket buffers: each
+ * partner must finish a send before it may receive (see the Test). */
+static int run_rd_big(struct tc *c)
+{
+    const size_t n = (size_t)1 << 20; /* 4 MiB of float32: 8 chunks of the default 512 KiB */
+    float *s = malloc(n * sizeof(float)), *r = malloc(n * sizeof(float));
+    int rc = -1;
+    if (!s || !r) {
+        weft_test_fail(c->rank, "out of memory");
+        goto out;
+    }
+    for (int inplace = 0; inplace < 2; inplace++) {
+        for (size_t j = 0; j < n; j++)
+            s[j] = (float)((size_t)c->rank + j % 13);
+        CALL(c, "rd allreduce of 4 MiB", weft_allreduce(s, inplace ? s : r, n, WEFT_FLOAT32,
+                                                         WEFT_SUM, c->comm));
+        const float *got = inplace ? s : r;
+        for (size_t j = 0; j < n; j++) {
+            float want = (float)(c->p * (c->p - 1) / 2) + (float)(c->p * (int)(j % 13));
+            if (got[j] != want) {
+                report(c, "rd allreduce of 4 MiB%s [%zu]: expected %g, got %g",
+                       inplace ? " in place" : "", j, (double)want, (double)got[j]);
+                break;
+            }
+        }
+    }
+    rc = 0;
+out:
+    free(s);
+    free(r);
+    return rc;
+}
+
 /* ---- the job ------------------------------------------------------------------ */
 
 static int coll_body(weft_comm_t comm, int rank, int p, void *arg)
@@ -822,11 +1086,20 @@ static int coll_body(weft_comm_t comm, int rank, int p, void *arg)
         goto out;
     }
     c.rcv = c.rcvg.p;
-    const char *only = arg;
+    const struct job *jb = arg;
+    const char *only = jb->only;
     bool all = only == NULL;
+    if (check_algo(&c, jb))
+        goto out;
     if ((all || strstr(only, "matrix")) && run_matrix(&c))
         goto out;
+    if (!all && strstr(only, "allreduce") && run_allreduce_matrix(&c))
+        goto out;
+    if (!all && strstr(only, "rdbig") && run_rd_big(&c))
+        goto out;
     if ((all || strstr(only, "bitwise")) && run_bitwise(&c))
+        goto out;
+    if ((all || strstr(only, "nan")) && run_nan_order(&c))
         goto out;
     if ((all || strstr(only, "nonblocking")) && run_nonblocking(&c))
         goto out;
@@ -852,13 +1125,26 @@ out:
     return rc;
 }
 
-/* WEFT_COLL_ONLY=matrix,bitwise,nonblocking,group,p2p narrows a run while
- * debugging; unset, everything runs. */
+/* Runs one job.  algo: WEFT_ALGO for it (NULL unsets it, whatever the
+ * caller's environment says: the cost model picks among all); force: the
+ * algorithm that implies (-1: none).  WEFT_COLL_ONLY=matrix,allreduce,
+ * bitwise,nan,nonblocking,group,p2p narrows a run while debugging. */
+static void run_job(int p, int timeout_s, const char *algo, int force, const char *only)
+{
+    if (algo)
+        setenv("WEFT_ALGO", algo, 1);
+    else
+        unsetenv("WEFT_ALGO");
+    const char *env = getenv("WEFT_COLL_ONLY");
+    struct job jb = {env && *env ? env : only, algo, force};
+    int rc = weft_test_run(p, timeout_s, coll_body, &jb);
+    cr_assert_eq(rc, 0, "the %d-rank collective job%s%s failed (see the rank messages above)", p,
+                 algo ? " with WEFT_ALGO=" : "", algo ? algo : "");
+}
+
 static void run_ranks(int p, int timeout_s)
 {
-    const char *only = getenv("WEFT_COLL_ONLY");
-    int rc = weft_test_run(p, timeout_s, coll_body, (void *)(only && *only ? only : NULL));
-    cr_assert_eq(rc, 0, "the %d-rank collective job failed (see the rank messages above)", p);
+    run_job(p, timeout_s, NULL, -1, NULL);
 }
 
 Test(coll, ranks_1, .timeout = 200) { run_ranks(1, 180); }
@@ -890,4 +1176,40 @@ Test(coll, ranks_2_chunk_256, .timeout = 200)
 {
     setenv("WEFT_CHUNK_SIZE", "256", 1);
     run_ranks(2, 180);
+}
+
+/* The allreduce matrix, bitwise identity and operand order under each
+ * algorithm forced (other collectives have only the ring).  "^rd" is the
+ * exclusion syntax for the same thing as "ring". */
+#define ALGO_PARTS "allreduce,bitwise,nan"
+Test(algo, rd_2, .timeout = 200) { run_job(2, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS); }
+Test(algo, rd_3, .timeout = 200) { run_job(3, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS); }
+Test(algo, rd_4, .timeout = 200) { run_job(4, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS); }
+Test(algo, rd_5, .timeout = 200) { run_job(5, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS); }
+Test(algo, rd_7, .timeout = 200) { run_job(7, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS); }
+Test(algo, rd_8, .timeout = 200) { run_job(8, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS); }
+Test(algo, ring_2, .timeout = 200) { run_job(2, 180, "ring", WEFT_ALGO_RING, ALGO_PARTS); }
+Test(algo, ring_3, .timeout = 200) { run_job(3, 180, "^rd", WEFT_ALGO_RING, ALGO_PARTS); }
+Test(algo, ring_4, .timeout = 200) { run_job(4, 180, "ring", WEFT_ALGO_RING, ALGO_PARTS); }
+Test(algo, ring_5, .timeout = 200) { run_job(5, 180, "^rd", WEFT_ALGO_RING, ALGO_PARTS); }
+Test(algo, ring_7, .timeout = 200) { run_job(7, 180, "ring", WEFT_ALGO_RING, ALGO_PARTS); }
+Test(algo, ring_8, .timeout = 200) { run_job(8, 180, "ring", WEFT_ALGO_RING, ALGO_PARTS); }
+
+/* Recursive doubling pipelined over many chunks with few staging slots,
+ * with ranks folded in and out (5 is not a power of two). */
+Test(algo, rd_5_chunk_4k_slots_2, .timeout = 200)
+{
+    setenv("WEFT_CHUNK_SIZE", "4096", 1);
+    setenv("WEFT_STAGING_SLOTS", "2", 1);
+    run_job(5, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS);
+}
+
+/* Chunks larger than what the sockets buffer: recursive doubling must not
+ * need the kernel to hold a whole chunk while both partners send (the
+ * ring never does).  A hang shows as the engine's timeout. */
+Test(algo, rd_small_socket_buffers, .timeout = 100)
+{
+    setenv("WEFT_SOCKET_BUFSIZE", "65536", 1);
+    setenv("WEFT_TIMEOUT_MS", "10000", 1);
+    run_job(2, 60, "rd", WEFT_ALGO_RD, "rdbig");
 }

@@ -3,7 +3,8 @@
  *
  * The schedules of all ranks are built, sends are matched to receives (the
  * k-th send from A to B meets the k-th receive on B from A), and steps run
- * as their dependencies allow.  Instead of numbers, every element carries
+ * as their dependencies allow; a send completes together with its receive
+ * (no buffering in between), or, in buffered mode, at once.  Instead of numbers, every element carries
  * which ranks' inputs it holds and which input position it came from, kept
  * as runs over each rank's memory, so a million elements cost a few runs.
  * A separate static check requires that any two steps of a rank touching
@@ -260,12 +261,18 @@ struct sim_rank {
     uint8_t *state;          /* 0 waiting, 1 ready, 2 done */
     int32_t *dep_start, *dep_list; /* CSR: the steps that depend on a step */
     size_t final_elems;      /* elements this rank reduced with FINAL */
+    struct runs *snap;       /* buffered mode: what each send took, until received */
 };
 
 struct sim {
     int coll, p, root, algo;
     size_t count;
     bool inplace;
+    /* false: a send completes only together with its receive (what the
+     * engine does once socket buffers are full); true: a send takes its
+     * data and completes at once, the receive gets it whenever it is ready
+     * (unlimited buffering: data flow only, weaker on deadlocks). */
+    bool buffered;
     struct sim_rank r[MAXP];
     struct exprs ex;
     char err[600];
@@ -279,9 +286,10 @@ static bool fail(struct sim *sm, const char *fmt, ...)
 {
     if (sm->err[0])
         return false; /* keep the first error */
-    int n = snprintf(sm->err, sizeof(sm->err), "%s %s p=%d root=%d count=%zu %s: ",
+    int n = snprintf(sm->err, sizeof(sm->err), "%s %s p=%d root=%d count=%zu %s%s: ",
                      weft_algo_name(sm->algo), weft_coll_name(sm->coll), sm->p, sm->root,
-                     sm->count, sm->inplace ? "in place" : "out of place");
+                     sm->count, sm->inplace ? "in place" : "out of place",
+                     sm->buffered ? ", buffered sends" : "");
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(sm->err + n, sizeof(sm->err) - (size_t)n, fmt, ap);
@@ -529,6 +537,19 @@ static bool deliver(struct sim *sm, int rank, int32_t step)
     return true;
 }
 
+/* Buffered mode: receive step of rank the data send step ss of rank sr took. */
+static bool deliver_snap(struct sim *sm, int rank, int32_t step, int sr, int32_t ss)
+{
+    struct runs *snap = &sm->r[sr].snap[ss];
+    sm->ra.n = 0;
+    for (size_t k = 0; k < snap->n; k++)
+        runs_push(&sm->ra, snap->r[k].off, snap->r[k].v);
+    if (!deliver(sm, rank, step))
+        return false;
+    complete(sm, rank, step);
+    return true;
+}
+
 static bool step_ready(struct sim *sm, int rank, int32_t step)
 {
     struct sim_rank *r = &sm->r[rank];
@@ -543,6 +564,13 @@ static bool step_ready(struct sim *sm, int rank, int32_t step)
     r->state[step] = 1;
     int pr = r->match_rank[step];
     int32_t ps = r->match_step[step];
+    if (sm->buffered && st->kind == WEFT_STEP_SEND) {
+        seg_read(&r->mem, addr_of(r, st->buf, st->off), st->count, &r->snap[step]);
+        complete(sm, rank, step);
+        return sm->r[pr].state[ps] != 1 || deliver_snap(sm, pr, ps, rank, step);
+    }
+    if (sm->buffered)
+        return sm->r[pr].state[ps] != 2 || deliver_snap(sm, rank, step, pr, ps);
     if (sm->r[pr].state[ps] != 1)
         return true; /* the peer's side is not ready yet */
     int sr = st->kind == WEFT_STEP_SEND ? rank : pr, rr = sr == rank ? pr : rank;
@@ -566,7 +594,9 @@ static bool run_all(struct sim *sm)
         r->ndeps = calloc(n + 1, sizeof(int32_t));
         r->state = calloc(n + 1, 1);
         r->dep_start = calloc(n + 2, sizeof(int32_t));
-        cr_assert(r->match_rank && r->match_step && r->ndeps && r->state && r->dep_start);
+        r->snap = calloc(n + 1, sizeof(struct runs));
+        cr_assert(r->match_rank && r->match_step && r->ndeps && r->state && r->dep_start &&
+                  r->snap);
         size_t ne = 0;
         for (size_t i = 0; i < n; i++)
             for (int k = 0; k < WEFT_STEP_MAX_DEPS; k++)
@@ -772,6 +802,9 @@ static void sim_free(struct sim *sm)
         free(r->state);
         free(r->dep_start);
         free(r->dep_list);
+        for (size_t k = 0; r->snap && k < r->s->nsteps; k++)
+            free(r->snap[k].r);
+        free(r->snap);
     }
     free(sm->ra.r);
     free(sm->rb.r);
@@ -782,9 +815,9 @@ static void sim_free(struct sim *sm)
 }
 
 /* Checks the given schedules (one per rank) of a collective, made by algo;
- * false with err filled on the first problem. */
+ * false with err filled on the first problem.  buffered: see struct sim. */
 static bool verify(int algo, int coll, int p, int root, size_t count, struct weft_schedule *sch,
-                   char *err, size_t errlen)
+                   bool buffered, char *err, size_t errlen)
 {
     bool ok = true;
     for (int mode = 0; mode < 2 && ok; mode++) {
@@ -792,6 +825,7 @@ static bool verify(int algo, int coll, int p, int root, size_t count, struct wef
         cr_assert(sm);
         sm->coll = coll;
         sm->algo = algo;
+        sm->buffered = buffered;
         sm->p = p;
         sm->root = root;
         sm->count = count;
@@ -834,12 +868,13 @@ static void free_all(int p, struct weft_schedule *sch)
         weft_sched_free(&sch[rank]);
 }
 
-static void check_sched(int algo, int coll, int p, int root, size_t count, size_t chunk)
+static void check_sched(int algo, int coll, int p, int root, size_t count, size_t chunk,
+                        bool buffered)
 {
     struct weft_schedule sch[MAXP];
     char err[700];
     build_all(algo, coll, p, root, count, chunk, sch);
-    bool ok = verify(algo, coll, p, root, count, sch, err, sizeof(err));
+    bool ok = verify(algo, coll, p, root, count, sch, buffered, err, sizeof(err));
     free_all(p, sch);
     cr_assert(ok, "chunk %zu: %s", chunk, err);
 }
@@ -878,10 +913,10 @@ static void ring_matrix(int coll, int pmin, int pmax, bool with_big)
         }
         for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
             for (int r = 0; r < nroots; r++)
-                check_sched(WEFT_ALGO_RING, coll, p, roots[r], counts[c], chunks[c]);
+                check_sched(WEFT_ALGO_RING, coll, p, roots[r], counts[c], chunks[c], false);
         /* Chunk 1: every element its own step. */
         check_sched(WEFT_ALGO_RING, coll, p, roots[nroots - 1], per_block ? 3 : (size_t)p + 1,
-                    1);
+                    1, false);
     }
 }
 
@@ -993,6 +1028,182 @@ Test(ring, rebuild_reuses_schedule)
     weft_sched_free(&s);
 }
 
+/* ---- recursive doubling, checked ---------------------------------------------- */
+
+/* Allreduce over ranks pmin..pmax (then 31 and 64 when with_big): powers of
+ * two, folded rank counts, counts that leave ranks without a full chunk.
+ * buffered: checks data flow with sends that never wait for their receive;
+ * unbuffered: also that no execution needs the transport to buffer. */
+static void rd_matrix(int pmin, int pmax, bool with_big, bool buffered)
+{
+    int ps[MAXP], np = 0;
+    for (int p = pmin; p <= pmax; p++)
+        ps[np++] = p;
+    if (with_big) {
+        ps[np++] = 31;
+        ps[np++] = 64;
+    }
+    for (int i = 0; i < np; i++) {
+        size_t p = (size_t)ps[i];
+        size_t counts[] = { 0, 1, p - 1, p + 1, 1000003, 10 * p + 7, 9 * p + 1 };
+        size_t chunks[] = { 1 << 20, 1 << 20, 1 << 20, 1 << 20, 65536, 3, 3 };
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+            check_sched(WEFT_ALGO_RD, WEFT_COLL_ALLREDUCE, ps[i], 0, counts[c], chunks[c],
+                        buffered);
+        check_sched(WEFT_ALGO_RD, WEFT_COLL_ALLREDUCE, ps[i], 0, p + 1, 1, buffered);
+    }
+}
+
+Test(rd, allreduce_small_p) { rd_matrix(1, 8, false, true); }
+Test(rd, allreduce_large_p) { rd_matrix(9, 16, true, true); }
+
+/* The engine posts a RECV_REDUCE only once its deps are done, and a TCP
+ * send completes only once the kernel has taken all of it.  Both partners
+ * of an exchange send first and make the reduce wait for their own send,
+ * so with a chunk larger than the socket buffers neither send can finish
+ * (seen: 2 ranks, WEFT_SOCKET_BUFSIZE=65536, 256 KiB float sum, hangs with
+ * "waiting on: send to rank 1").  Unbuffered execution must not deadlock. */
+Test(rd, no_buffering_needed) { rd_matrix(1, 9, false, false); }
+
+static int count_flag(const struct weft_schedule *s, int flag)
+{
+    int n = 0;
+    for (size_t i = 0; i < s->nsteps; i++)
+        n += (s->steps[i].flags & flag) != 0;
+    return n;
+}
+
+/* The shape the cost model in src/tune.c assumes: log2(p) whole-vector
+ * exchanges, plus the fold in and out for a rank count that is not a
+ * power of two. */
+Test(rd, step_structure)
+{
+    struct weft_schedule s;
+    weft_sched_init(&s);
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 1, 0, 5, 2, WEFT_ALGO_RD };
+    cr_assert(weft_rd_build(&d, &s) == WEFT_OK);
+    cr_assert(s.nsteps == 1 && s.steps[0].kind == WEFT_STEP_COPY && s.steps[0].count == 5);
+    d.count = 0;
+    cr_assert(weft_rd_build(&d, &s) == WEFT_OK && s.nsteps == 0);
+    /* p=4, rank 1, 8 elements in chunks of 3: round 0 with rank 0 (rank 1
+     * is the upper half: RECV_FIRST), round 1 with rank 3 (lower: FINAL). */
+    d = (struct weft_coll_desc){ WEFT_COLL_ALLREDUCE, 1, 4, 0, 8, 3, WEFT_ALGO_RD };
+    cr_assert(weft_rd_build(&d, &s) == WEFT_OK);
+    cr_assert(s.nsteps == 12 && s.scratch_count == 0, "%zu steps", s.nsteps);
+    for (size_t i = 0; i < s.nsteps; i++) {
+        const struct weft_step *st = &s.steps[i];
+        bool round0 = i < 6, send = i % 2 == 0;
+        cr_assert(st->kind == (send ? WEFT_STEP_SEND : WEFT_STEP_RECV_REDUCE), "step %zu", i);
+        cr_assert(st->peer == (round0 ? 0 : 3), "step %zu peer %d", i, st->peer);
+        cr_assert(st->off == i / 2 % 3 * 3 && st->count == (i / 2 % 3 == 2 ? 2u : 3u));
+        int want = send ? 0 : round0 ? WEFT_STEP_RECV_FIRST : WEFT_STEP_FINAL;
+        cr_assert(st->flags == want, "step %zu flags %d", i, st->flags);
+        if (send)
+            cr_assert(st->buf == (round0 ? WEFT_BUF_SEND : WEFT_BUF_RECV));
+        else
+            cr_assert(st->buf == WEFT_BUF_RECV && st->deps[0] == (int32_t)i - 1);
+        /* chunk c of round 1 waits for chunk c of round 0 only */
+        if (!round0 && send)
+            cr_assert(st->deps[0] == (int32_t)i - 5, "step %zu deps on %d", i, st->deps[0]);
+    }
+    /* p=5 folds rank 0 into rank 1. */
+    d = (struct weft_coll_desc){ WEFT_COLL_ALLREDUCE, 0, 5, 0, 8, 3, WEFT_ALGO_RD };
+    cr_assert(weft_rd_build(&d, &s) == WEFT_OK && s.nsteps == 6);
+    for (size_t i = 0; i < 6; i++)
+        cr_assert(s.steps[i].kind == (i < 3 ? WEFT_STEP_SEND : WEFT_STEP_RECV) &&
+                      s.steps[i].peer == 1 && s.steps[i].flags == 0,
+                  "folded rank, step %zu", i);
+    d.rank = 1;
+    cr_assert(weft_rd_build(&d, &s) == WEFT_OK && s.nsteps == 18, "%zu steps", s.nsteps);
+    cr_assert(count_flag(&s, WEFT_STEP_FINAL) == 3);
+    for (size_t i = 0; i < 3; i++)
+        cr_assert(s.steps[i].kind == WEFT_STEP_RECV_REDUCE && s.steps[i].peer == 0 &&
+                  s.steps[i].flags == WEFT_STEP_RECV_FIRST && s.steps[i].src_buf == WEFT_BUF_SEND);
+    for (size_t i = 15; i < 18; i++)
+        cr_assert(s.steps[i].kind == WEFT_STEP_SEND && s.steps[i].peer == 0 &&
+                  s.steps[i].buf == WEFT_BUF_RECV);
+    d.rank = 4;
+    cr_assert(weft_rd_build(&d, &s) == WEFT_OK && s.nsteps == 12);
+    cr_assert(count_flag(&s, WEFT_STEP_FINAL) == 3);
+    weft_sched_free(&s);
+}
+
+Test(rd, bad_descriptions)
+{
+    struct {
+        struct weft_coll_desc d;
+        weft_status_t want;
+        const char *needle;
+    } c[] = {
+        { { WEFT_COLL_BROADCAST, 0, 4, 0, 4, 1, WEFT_ALGO_RD }, WEFT_ERR_UNSUPPORTED,
+          "only allreduce, not broadcast" },
+        { { WEFT_COLL_REDUCE_SCATTER, 0, 4, 0, 4, 1, WEFT_ALGO_RD }, WEFT_ERR_UNSUPPORTED,
+          "only allreduce" },
+        { { WEFT_COLL_ALLREDUCE, 0, 0, 0, 4, 1, WEFT_ALGO_RD }, WEFT_ERR_INVALID_ARG, "of 0" },
+        { { WEFT_COLL_ALLREDUCE, -1, 4, 0, 4, 1, WEFT_ALGO_RD }, WEFT_ERR_INVALID_ARG,
+          "rank -1" },
+        { { WEFT_COLL_ALLREDUCE, 4, 4, 0, 4, 1, WEFT_ALGO_RD }, WEFT_ERR_INVALID_ARG, "rank 4" },
+        { { WEFT_COLL_ALLREDUCE, 0, 4, 0, 4, 0, WEFT_ALGO_RD }, WEFT_ERR_INVALID_ARG, "chunk 0" },
+    };
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        struct weft_schedule s;
+        weft_sched_init(&s);
+        weft_status_t st = weft_rd_build(&c[i].d, &s);
+        cr_assert(st == c[i].want, "case %zu: %s", i, weft_status_string(st));
+        cr_assert(strstr(weft_last_error(NULL), c[i].needle), "case %zu: message '%s'", i,
+                  weft_last_error(NULL));
+        cr_assert(s.nsteps == 0);
+        /* The dispatcher passes the same verdict on. */
+        cr_assert(weft_sched_build(&c[i].d, &s) == c[i].want, "case %zu via sched_build", i);
+        weft_sched_free(&s);
+    }
+}
+
+/* Field by field: struct weft_step has padding that a copy may not keep. */
+static bool same_steps(const struct weft_schedule *a, const struct weft_schedule *b)
+{
+    if (a->nsteps != b->nsteps || a->scratch_count != b->scratch_count)
+        return false;
+    for (size_t i = 0; i < a->nsteps; i++) {
+        const struct weft_step *x = &a->steps[i], *y = &b->steps[i];
+        if (x->kind != y->kind || x->flags != y->flags || x->buf != y->buf ||
+            x->src_buf != y->src_buf || x->peer != y->peer || x->off != y->off ||
+            x->src_off != y->src_off || x->count != y->count ||
+            memcmp(x->deps, y->deps, sizeof(x->deps)) != 0)
+            return false;
+    }
+    return true;
+}
+
+/* weft_sched_build runs the algorithm the description names. */
+Test(schedule, build_dispatches_on_algo)
+{
+    struct weft_schedule a, b;
+    weft_sched_init(&a);
+    weft_sched_init(&b);
+    for (int algo = 0; algo < WEFT_ALGO_COUNT; algo++) {
+        struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 3, 6, 0, 100, 7, algo };
+        cr_assert(weft_sched_build(&d, &a) == WEFT_OK);
+        cr_assert((algo == WEFT_ALGO_RD ? weft_rd_build(&d, &b) : weft_ring_build(&d, &b)) ==
+                  WEFT_OK);
+        cr_assert(same_steps(&a, &b), "%s", weft_algo_name(algo));
+    }
+    /* The two really differ: rd exchanges whole chunks with 3 partners. */
+    cr_assert(a.nsteps != 0 && count_flag(&a, WEFT_STEP_RECV_FIRST) > 0);
+    int bad[] = { WEFT_ALGO_COUNT, -1, 77 };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 4, 0, 4, 1, bad[i] };
+        cr_assert(weft_sched_build(&d, &a) == WEFT_ERR_INVALID_ARG);
+        cr_assert(strstr(weft_last_error(NULL), "unknown algorithm"), "'%s'",
+                  weft_last_error(NULL));
+    }
+    cr_assert_str_eq(weft_algo_name(WEFT_ALGO_RING), "ring");
+    cr_assert_str_eq(weft_algo_name(WEFT_ALGO_RD), "rd");
+    cr_assert_str_eq(weft_algo_name(WEFT_ALGO_COUNT), "unknown");
+    weft_sched_free(&a);
+    weft_sched_free(&b);
+}
+
 /* ---- the checker catches broken schedules ----------------------------------------- */
 
 /* Builds a correct schedule set, lets mutate() break it, and expects the
@@ -1003,10 +1214,12 @@ static void expect_caught_algo(int algo, int coll, int p, int root, size_t count
 {
     struct weft_schedule sch[MAXP];
     char err[700] = "";
+    bool buffered = algo == WEFT_ALGO_RD; /* see Test(rd, no_buffering_needed) */
     build_all(algo, coll, p, root, count, chunk, sch);
-    cr_assert(verify(algo, coll, p, root, count, sch, err, sizeof(err)), "baseline: %s", err);
+    cr_assert(verify(algo, coll, p, root, count, sch, buffered, err, sizeof(err)),
+              "baseline: %s", err);
     mutate(sch, p);
-    bool ok = verify(algo, coll, p, root, count, sch, err, sizeof(err));
+    bool ok = verify(algo, coll, p, root, count, sch, buffered, err, sizeof(err));
     free_all(p, sch);
     if (needle == NULL) {
         cr_assert(ok, "a harmless change was rejected: %s", err);
@@ -1167,6 +1380,122 @@ Test(checker, catches_broken_schedules)
     expect_caught(WEFT_COLL_REDUCE_SCATTER, 3, 0, 30, 100, write_sendbuf, "writes sendbuf");
     expect_caught(WEFT_COLL_ALLREDUCE, 3, 0, 30, 100, count_mismatch, "step 0 sends");
 }
+/* ---- broken recursive doubling schedules ---- */
+
+static struct weft_step *nth_reduce(struct weft_schedule *s, int nth)
+{
+    return find_step(s, WEFT_STEP_RECV_REDUCE, nth);
+}
+
+static void rd_drop_recv_first(struct weft_schedule *sch, int p)
+{
+    /* Rank 1 computes x1 op x0 while its partner computes x0 op x1. */
+    nth_reduce(&sch[1], 0)->flags &= (uint8_t)~WEFT_STEP_RECV_FIRST;
+}
+
+static void rd_recv_first_both(struct weft_schedule *sch, int p)
+{
+    nth_reduce(&sch[0], 0)->flags |= WEFT_STEP_RECV_FIRST;
+}
+
+static void rd_swap_convention(struct weft_schedule *sch, int p)
+{
+    /* Both partners switch to x1 op x0: a different tree, but the same on
+     * both, so results still agree bit for bit. */
+    nth_reduce(&sch[1], 0)->flags &= (uint8_t)~WEFT_STEP_RECV_FIRST;
+    nth_reduce(&sch[0], 0)->flags |= WEFT_STEP_RECV_FIRST;
+}
+
+static void rd_drop_recv_first_last_round(struct weft_schedule *sch, int p)
+{
+    struct weft_schedule *s = &sch[p - 1];
+    struct weft_step *st = &s->steps[s->nsteps - 1];
+    cr_assert(st->kind == WEFT_STEP_RECV_REDUCE && (st->flags & WEFT_STEP_FINAL));
+    st->flags &= (uint8_t)~WEFT_STEP_RECV_FIRST;
+}
+
+static void rd_fold_in_order(struct weft_schedule *sch, int p)
+{
+    /* Only rank 1 computes the fold-in's (x1 op x0) and it ships that on:
+     * the order there is a convention, not a matter of agreement. */
+    nth_reduce(&sch[1], 0)->flags &= (uint8_t)~WEFT_STEP_RECV_FIRST;
+}
+
+static void rd_fold_out_early(struct weft_schedule *sch, int p)
+{
+    /* Rank 1 hands the result back before it has computed it. */
+    struct weft_schedule *s = &sch[1];
+    struct weft_step *st = &s->steps[s->nsteps - 1];
+    cr_assert(st->kind == WEFT_STEP_SEND && st->peer == 0);
+    st->deps[0] = -1;
+}
+
+static void rd_fold_out_input(struct weft_schedule *sch, int p)
+{
+    /* Rank 1 hands back its own input instead of the result. */
+    struct weft_schedule *s = &sch[1];
+    struct weft_step *st = &s->steps[s->nsteps - 1];
+    st->buf = WEFT_BUF_SEND;
+    st->deps[0] = -1;
+}
+
+static void rd_drop_fold_out_recv(struct weft_schedule *sch, int p)
+{
+    sch[0].nsteps--;
+}
+
+static void rd_drop_final(struct weft_schedule *sch, int p)
+{
+    for (size_t i = 0; i < sch[2].nsteps; i++)
+        sch[2].steps[i].flags &= (uint8_t)~WEFT_STEP_FINAL;
+}
+
+static void rd_final_early(struct weft_schedule *sch, int p)
+{
+    nth_reduce(&sch[0], 0)->flags |= WEFT_STEP_FINAL;
+}
+
+static void rd_recv_first_on_send(struct weft_schedule *sch, int p)
+{
+    find_step(&sch[0], WEFT_STEP_SEND, 0)->flags |= WEFT_STEP_RECV_FIRST;
+}
+
+/* p=2, 2 elements in chunks of 1: rank 0 computes chunk 1 and sends the
+ * result, rank 1 receives it instead of computing it (rank 1 still
+ * computes chunk 0).  The values agree, but rank 1 mixes the two ways. */
+static void rd_half_received(struct weft_schedule *sch, int p)
+{
+    struct weft_schedule *a = &sch[0], *b = &sch[1];
+    cr_assert(a->nsteps == 4 && b->nsteps == 4);
+    struct weft_step snd = a->steps[2], red = a->steps[3];
+    red.deps[0] = red.deps[1] = -1;
+    snd.buf = WEFT_BUF_RECV;
+    snd.deps[0] = 2;
+    a->steps[2] = red;
+    a->steps[3] = snd;
+    b->steps[3].kind = WEFT_STEP_RECV;
+    b->steps[3].flags = 0;
+}
+
+Test(checker, catches_broken_rd_schedules)
+{
+    const int rd = WEFT_ALGO_RD, ar = WEFT_COLL_ALLREDUCE;
+    expect_caught_algo(rd, ar, 2, 0, 10, 3, rd_drop_recv_first, "same expression");
+    expect_caught_algo(rd, ar, 4, 0, 10, 3, rd_drop_recv_first, "same expression");
+    expect_caught_algo(rd, ar, 4, 0, 10, 3, rd_recv_first_both, "same expression");
+    expect_caught_algo(rd, ar, 8, 0, 10, 3, rd_drop_recv_first_last_round, "same expression");
+    expect_caught_algo(rd, ar, 6, 0, 10, 3, rd_drop_recv_first_last_round, "same expression");
+    expect_caught_algo(rd, ar, 5, 0, 10, 3, rd_fold_out_early, "unordered");
+    expect_caught_algo(rd, ar, 3, 0, 10, 100, rd_fold_out_input, "holds ranks 0x2");
+    expect_caught_algo(rd, ar, 6, 0, 10, 3, rd_drop_fold_out_recv, "which receives");
+    expect_caught_algo(rd, ar, 4, 0, 10, 3, rd_drop_final, "lacks FINAL");
+    expect_caught_algo(rd, ar, 4, 0, 10, 3, rd_final_early, "FINAL on a partial");
+    expect_caught_algo(rd, ar, 4, 0, 10, 3, rd_recv_first_on_send, "RECV_FIRST on a SEND");
+    expect_caught_algo(rd, ar, 2, 0, 2, 1, rd_half_received, "reduced 1 of 2 elements");
+    /* Changes that keep every rank's expression the same pass. */
+    expect_caught_algo(rd, ar, 2, 0, 10, 3, rd_swap_convention, NULL);
+    expect_caught_algo(rd, ar, 3, 0, 10, 3, rd_fold_in_order, NULL);
+}
 /* ---- schedule container and collective facts ---------------------------------------- */
 
 Test(schedule, add_grows_and_keeps_order)
@@ -1211,6 +1540,7 @@ Test(schedule, coll_counts_and_names)
     }
     cr_assert_str_eq(weft_coll_name(WEFT_COLL_COUNT), "unknown");
     cr_assert_str_eq(weft_coll_name(-3), "unknown");
-    struct weft_coll_desc big = { WEFT_COLL_ALLGATHER, 0, 4, 0, SIZE_MAX / 2, 1 };
+    struct weft_coll_desc big = { WEFT_COLL_ALLGATHER, 0, 4, 0, SIZE_MAX / 2, 1,
+                                  WEFT_ALGO_RING };
     cr_assert(weft_coll_recv_count(&big) == SIZE_MAX, "an overflowing size saturates");
 }
