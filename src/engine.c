@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -425,8 +426,11 @@ static void drive(struct weft_engine *eng, struct weft_op *until)
             fail_all(eng, stall_error(eng));
             continue;
         }
-        if (now - idle_since < spin_ns)
+        if (now - idle_since < spin_ns) {
+            if (eng->yield)
+                sched_yield(); /* oversubscribed: let the rank we wait for run */
             continue;
+        }
         uint64_t left_ms = (comm->timeout_ns - (now - eng->last_event_ns)) / 1000000 + 1;
         st = comm->tops->progress(comm->tctx, (int)WEFT_MIN(left_ms, POLL_SLICE_MS));
         if (st != WEFT_OK)

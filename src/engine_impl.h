@@ -96,6 +96,7 @@ struct weft_engine {
     int nslots, nfree_slots;
     size_t chunk_bytes;
     int spin_us;
+    bool yield;                      /* spin with sched_yield: more ranks than cores */
     uint64_t last_event_ns;
     struct self_send *selfq;         /* sends to ourselves not yet received */
     size_t selfq_head, selfq_n, selfq_cap;

@@ -24,7 +24,7 @@ static const struct weft_param_desc table[] = {
     {"WEFT_CHUNK_SIZE", "int", "524288", "bytes one pipelined step carries"},
     {"WEFT_STAGING_SLOTS", "int", "16", "receive-reduce chunks in flight per communicator"},
     {"WEFT_SPIN_US", "int", "-1",
-     "microseconds to poll busily before sleeping (-1: 40 if this host's ranks fit its cores, else 0)"},
+     "microseconds to poll busily before sleeping (-1: 40, or 1000 yielding the core when this host has more ranks than cores)"},
     {"WEFT_ALGO", "str", "", "algorithms allowed (NCCL_ALGO syntax): ring, rd (recursive doubling allreduce), ^rd"},
     {"WEFT_UNIQUE_ID", "str", "", "weft_comm_init_env: the unique id in hex (set by weftrun)"},
     {"WEFT_ROOT", "str", "", "weft_comm_init_env: host:port where rank 0 listens (torchrun style)"},
