@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # weft's all_reduce_perf beside Open MPI's MPI_Allreduce over its TCP BTL
 # (default malloc and "best" malloc tunables), on loopback, same session;
-# plus iperf3 single-stream loopback bandwidth as the ceiling.
+# plus iperf3 single-stream loopback bandwidth as the ceiling.  Each
+# configuration runs REPS times (default 3), interleaved, and every figure
+# is the median over those runs: one run on these VMs can be 30% off.
 # Usage: bench/compare_tcp.sh [ranks...]   (default: 2 4)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,12 +15,16 @@ TUN=GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4294967295:glibc.malloc.trim_thre
 MPI=(mpirun --allow-run-as-root --oversubscribe --mca pml ob1 --mca btl self,tcp
      --mca btl_tcp_if_include lo)
 rows() { awk '/^ *[0-9]+ +[0-9]+ /{print $1, $6, $8}'; }
-pick() { awk -v s="$2" '$1==s{print $'"$3"'}' "$1"; }
+# median over the runs of column $3 (2 = time, 3 = busbw) at size $2
+pick() { cat "$1".* | awk -v s="$2" '$1==s{print $'"$3"'}' | sort -g | awk '{v[NR]=$1} END{print v[int((NR+1)/2)]}'; }
+REPS=${REPS:-3}
 tmp=$(mktemp -d)
-for n in "${ranks[@]}"; do
-    build/weftrun -n "$n" -q --no-prefix build/all_reduce_perf "${SZ[@]}" | rows >"$tmp/weft$n"
-    "${MPI[@]}" -np "$n" build/mpi_coll_perf -C allreduce "${SZ[@]}" | rows >"$tmp/ompi$n"
-    "${MPI[@]}" -np "$n" -x "$TUN" build/mpi_coll_perf -C allreduce "${SZ[@]}" | rows >"$tmp/best$n"
+for rep in $(seq "$REPS"); do
+    for n in "${ranks[@]}"; do
+        build/weftrun -n "$n" -q --no-prefix build/all_reduce_perf "${SZ[@]}" | rows >"$tmp/weft$n.$rep"
+        "${MPI[@]}" -np "$n" build/mpi_coll_perf -C allreduce "${SZ[@]}" | rows >"$tmp/ompi$n.$rep"
+        "${MPI[@]}" -np "$n" -x "$TUN" build/mpi_coll_perf -C allreduce "${SZ[@]}" | rows >"$tmp/best$n.$rep"
+    done
 done
 ceiling="n/a"
 if command -v iperf3 >/dev/null; then

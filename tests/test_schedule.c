@@ -3,8 +3,11 @@
  *
  * The schedules of all ranks are built, sends are matched to receives (the
  * k-th send from A to B meets the k-th receive on B from A), and steps run
- * as their dependencies allow; a send completes together with its receive
- * (no buffering in between), or, in buffered mode, at once.  Instead of numbers, every element carries
+ * by the engine's rules (see advance): a send completes only once its
+ * receive is posted (no buffering in between; in buffered mode, at once),
+ * a RECV_REDUCE's receive is posted as soon as its dependencies are in
+ * flight but its reduce waits for them to be done, and a limited number of
+ * staging slots can be modelled.  Instead of numbers, every element carries
  * which ranks' inputs it holds and which input position it came from, kept
  * as runs over each rank's memory, so a million elements cost a few runs.
  * A separate static check requires that any two steps of a rank touching
@@ -257,12 +260,21 @@ struct sim_rank {
     struct segmap mem;
     size_t base[3], len[3];  /* per weft_buf_id, in elements */
     int32_t *match_rank, *match_step;
-    int32_t *ndeps;          /* deps not yet complete */
-    uint8_t *state;          /* 0 waiting, 1 ready, 2 done */
+    int32_t *ndeps;          /* deps not yet DONE */
+    int32_t *nunposted;      /* deps still PENDING */
+    int32_t *prev_link, *next_link; /* the step before / after on the same link, -1 */
+    uint8_t *state;          /* enum sim_state */
     int32_t *dep_start, *dep_list; /* CSR: the steps that depend on a step */
     size_t final_elems;      /* elements this rank reduced with FINAL */
-    struct runs *snap;       /* buffered mode: what each send took, until received */
+    struct runs *staged;     /* per receive: the data that reached it, until delivered */
+    int free_slots;          /* staging slots not held by a RECV_REDUCE (sim.slots > 0) */
+    int32_t *waiting;        /* RECV_REDUCEs that could post but for a slot (< p) */
+    int nwaiting;
 };
+
+/* A step's progress, as the engine's ST_* states.  A link is the messages
+ * to one peer (sends) or from it (receives of either kind). */
+enum sim_state { S_PENDING = 0, S_POSTED, S_LANDED, S_DONE };
 
 struct sim {
     int coll, p, root, algo;
@@ -273,11 +285,14 @@ struct sim {
      * data and completes at once, the receive gets it whenever it is ready
      * (unlimited buffering: data flow only, weaker on deadlocks). */
     bool buffered;
+    /* Staging slots per rank a posted RECV_REDUCE holds until it has
+     * reduced (the engine's WEFT_STAGING_SLOTS); 0: unlimited. */
+    int slots;
     struct sim_rank r[MAXP];
     struct exprs ex;
     char err[600];
     struct runs ra, rb, rc;
-    int32_t *stack; /* ready steps as rank << 32 | step */
+    int32_t *stack; /* steps to look at again, as (rank, step) pairs */
     size_t nstack, capstack;
 };
 
@@ -286,10 +301,14 @@ static bool fail(struct sim *sm, const char *fmt, ...)
 {
     if (sm->err[0])
         return false; /* keep the first error */
+    char how[40] = ", buffered sends";
+    if (!sm->buffered && sm->slots > 0)
+        snprintf(how, sizeof(how), ", %d staging slot%s", sm->slots, sm->slots > 1 ? "s" : "");
+    else if (!sm->buffered)
+        snprintf(how, sizeof(how), ", unlimited staging");
     int n = snprintf(sm->err, sizeof(sm->err), "%s %s p=%d root=%d count=%zu %s%s: ",
                      weft_algo_name(sm->algo), weft_coll_name(sm->coll), sm->p, sm->root,
-                     sm->count, sm->inplace ? "in place" : "out of place",
-                     sm->buffered ? ", buffered sends" : "");
+                     sm->count, sm->inplace ? "in place" : "out of place", how);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(sm->err + n, sizeof(sm->err) - (size_t)n, fmt, ap);
@@ -455,7 +474,8 @@ static bool match_all(struct sim *sm)
     return ok;
 }
 
-static void push_ready(struct sim *sm, int rank, int32_t step)
+/* Something a step waits for changed: look at it again (run_all). */
+static void wake(struct sim *sm, int rank, int32_t step)
 {
     if (sm->nstack + 2 > sm->capstack) {
         sm->capstack = sm->capstack ? sm->capstack * 2 : 1024;
@@ -466,14 +486,28 @@ static void push_ready(struct sim *sm, int rank, int32_t step)
     sm->stack[sm->nstack++] = step;
 }
 
+/* A step left PENDING: RECV_REDUCEs that wait only for their deps to be in
+ * flight, and the next message on the same link, may go now. */
+static void mark_posted(struct sim *sm, int rank, int32_t step)
+{
+    struct sim_rank *r = &sm->r[rank];
+    for (int32_t k = r->dep_start[step]; k < r->dep_start[step + 1]; k++) {
+        int32_t j = r->dep_list[k];
+        if (--r->nunposted[j] == 0)
+            wake(sm, rank, j);
+    }
+    if (r->next_link[step] >= 0)
+        wake(sm, rank, r->next_link[step]);
+}
+
 static void complete(struct sim *sm, int rank, int32_t step)
 {
     struct sim_rank *r = &sm->r[rank];
-    r->state[step] = 2;
+    r->state[step] = S_DONE;
     for (int32_t k = r->dep_start[step]; k < r->dep_start[step + 1]; k++) {
         int32_t j = r->dep_list[k];
         if (--r->ndeps[j] == 0)
-            push_ready(sm, rank, j);
+            wake(sm, rank, j);
     }
 }
 
@@ -482,14 +516,15 @@ static size_t addr_of(const struct sim_rank *r, int buf, size_t off)
     return r->base[buf] + off;
 }
 
-/* The receive side of a matched pair (or a COPY): data in sm->ra. */
-static bool deliver(struct sim *sm, int rank, int32_t step)
+/* The receive side of a matched pair (or a COPY), the data arriving in
+ * in.  A RECV_REDUCE reads its local operand here, once its deps are done. */
+static bool deliver(struct sim *sm, int rank, int32_t step, const struct runs *in)
 {
     struct sim_rank *r = &sm->r[rank];
     const struct weft_step *st = &r->s->steps[step];
     size_t dst = addr_of(r, st->buf, st->off);
     if (st->kind != WEFT_STEP_RECV_REDUCE) {
-        seg_write(&r->mem, dst, st->count, &sm->ra);
+        seg_write(&r->mem, dst, st->count, in);
         return true;
     }
     /* local operand op incoming (incoming op local with RECV_FIRST), run by run */
@@ -498,11 +533,11 @@ static bool deliver(struct sim *sm, int rank, int32_t step)
     uint64_t all = sm->p == 64 ? ~0ull : (1ull << sm->p) - 1;
     size_t ia = 0, ib = 0, off = 0;
     while (off < st->count) {
-        while (ia + 1 < sm->ra.n && sm->ra.r[ia + 1].off <= off)
+        while (ia + 1 < in->n && in->r[ia + 1].off <= off)
             ia++;
         while (ib + 1 < sm->rb.n && sm->rb.r[ib + 1].off <= off)
             ib++;
-        const struct val *x = &sm->rb.r[ib].v, *y = &sm->ra.r[ia].v;
+        const struct val *x = &sm->rb.r[ib].v, *y = &in->r[ia].v;
         struct val v = { x->ranks | y->ranks, x->delta, -1, x->flags | y->flags, -1 };
         if (x->ranks & y->ranks)
             v.flags |= V_DUP;
@@ -527,7 +562,7 @@ static bool deliver(struct sim *sm, int rank, int32_t step)
         if (final)
             v.origin = (int64_t)rank << 32 | step;
         runs_push(&sm->rc, off, v);
-        size_t na = ia + 1 < sm->ra.n ? sm->ra.r[ia + 1].off : st->count;
+        size_t na = ia + 1 < in->n ? in->r[ia + 1].off : st->count;
         size_t nb = ib + 1 < sm->rb.n ? sm->rb.r[ib + 1].off : st->count;
         if (final)
             r->final_elems += WEFT_MIN(na, nb) - off;
@@ -537,51 +572,168 @@ static bool deliver(struct sim *sm, int rank, int32_t step)
     return true;
 }
 
-/* Buffered mode: receive step of rank the data send step ss of rank sr took. */
-static bool deliver_snap(struct sim *sm, int rank, int32_t step, int sr, int32_t ss)
+/* A receive's data is here and its deps are done: write or reduce it and
+ * give its staging slot back. */
+static bool finish_recv(struct sim *sm, int rank, int32_t step)
 {
-    struct runs *snap = &sm->r[sr].snap[ss];
-    sm->ra.n = 0;
-    for (size_t k = 0; k < snap->n; k++)
-        runs_push(&sm->ra, snap->r[k].off, snap->r[k].v);
-    if (!deliver(sm, rank, step))
+    struct sim_rank *r = &sm->r[rank];
+    if (!deliver(sm, rank, step, &r->staged[step]))
         return false;
+    r->staged[step].n = 0;
+    if (r->s->steps[step].kind == WEFT_STEP_RECV_REDUCE && sm->slots > 0)
+        r->free_slots++;
     complete(sm, rank, step);
     return true;
 }
 
-static bool step_ready(struct sim *sm, int rank, int32_t step)
+/* The bytes of receive step are in r->staged[step].  A RECV writes them at
+ * once (its deps were done before it was posted); a RECV_REDUCE keeps them
+ * in its staging slot until its deps are done (the engine's ST_LANDED). */
+static bool land(struct sim *sm, int rank, int32_t step)
+{
+    struct sim_rank *r = &sm->r[rank];
+    if (r->s->steps[step].kind == WEFT_STEP_RECV)
+        return finish_recv(sm, rank, step);
+    r->state[step] = S_LANDED;
+    return r->ndeps[step] > 0 || finish_recv(sm, rank, step);
+}
+
+/* Send ss of rank sr hands its data to the receive it is matched with, and
+ * so completes. */
+static void take_data(struct sim *sm, int sr, int32_t ss)
+{
+    struct sim_rank *r = &sm->r[sr];
+    const struct weft_step *st = &r->s->steps[ss];
+    struct sim_rank *q = &sm->r[r->match_rank[ss]];
+    seg_read(&r->mem, addr_of(r, st->buf, st->off), st->count, &q->staged[r->match_step[ss]]);
+    complete(sm, sr, ss);
+}
+
+/* Posts a SEND, RECV or RECV_REDUCE.  A message moves once both its ends
+ * are posted; in buffered mode, the send hands its data over at once. */
+static bool post(struct sim *sm, int rank, int32_t step)
 {
     struct sim_rank *r = &sm->r[rank];
     const struct weft_step *st = &r->s->steps[step];
+    int pr = r->match_rank[step];
+    int32_t ps = r->match_step[step];
+    uint8_t peer_state = sm->r[pr].state[ps];
+    r->state[step] = S_POSTED;
+    mark_posted(sm, rank, step);
+    if (st->kind == WEFT_STEP_SEND) {
+        if (sm->buffered || peer_state == S_POSTED)
+            take_data(sm, rank, step);
+        return peer_state != S_POSTED || land(sm, pr, ps);
+    }
+    if (st->kind == WEFT_STEP_RECV_REDUCE && sm->slots > 0)
+        r->free_slots--;
+    if (peer_state == S_POSTED)
+        take_data(sm, pr, ps); /* unbuffered: the send was waiting for us */
+    else if (peer_state != S_DONE)
+        return true; /* S_DONE: buffered, the data is staged already */
+    return land(sm, rank, step);
+}
+
+/* Moves a step on if it can, by the engine's rules (post_ready and
+ * complete_posted in src/engine.c):
+ * - SEND, RECV and COPY wait until their deps are DONE;
+ * - a RECV_REDUCE is posted once its deps are posted (in flight) and a
+ *   staging slot is free; its data lands in the slot, and the reduce, which
+ *   reads the local operand, waits until the deps are DONE;
+ * - the messages of one link (peer and direction) are posted in schedule
+ *   order, a later one never before an earlier one.
+ * The engine's rule for a receive from self (deps DONE) is not needed:
+ * check_steps rejects schedules that message their own rank. */
+static bool advance(struct sim *sm, int rank, int32_t step)
+{
+    struct sim_rank *r = &sm->r[rank];
+    const struct weft_step *st = &r->s->steps[step];
+    if (r->state[step] == S_LANDED)
+        return r->ndeps[step] > 0 || finish_recv(sm, rank, step);
+    if (r->state[step] != S_PENDING)
+        return true;
+    bool early = st->kind == WEFT_STEP_RECV_REDUCE;
+    if (early ? r->nunposted[step] > 0 : r->ndeps[step] > 0)
+        return true;
     if (st->kind == WEFT_STEP_COPY) {
         seg_read(&r->mem, addr_of(r, st->src_buf, st->src_off), st->count, &sm->ra);
-        if (!deliver(sm, rank, step))
+        if (!deliver(sm, rank, step, &sm->ra))
             return false;
+        mark_posted(sm, rank, step);
         complete(sm, rank, step);
         return true;
     }
-    r->state[step] = 1;
-    int pr = r->match_rank[step];
-    int32_t ps = r->match_step[step];
-    if (sm->buffered && st->kind == WEFT_STEP_SEND) {
-        seg_read(&r->mem, addr_of(r, st->buf, st->off), st->count, &r->snap[step]);
-        complete(sm, rank, step);
-        return sm->r[pr].state[ps] != 1 || deliver_snap(sm, pr, ps, rank, step);
+    int32_t prev = r->prev_link[step];
+    if (prev >= 0 && r->state[prev] == S_PENDING)
+        return true;
+    if (early && sm->slots > 0) {
+        /* Queued for a slot; grant_slot hands them out. */
+        for (int k = 0; k < r->nwaiting; k++)
+            if (r->waiting[k] == step)
+                return true;
+        /* Links are posted in order, so one waits per peer at most. */
+        cr_assert(r->nwaiting < sm->p);
+        r->waiting[r->nwaiting++] = step;
+        return true;
     }
-    if (sm->buffered)
-        return sm->r[pr].state[ps] != 2 || deliver_snap(sm, rank, step, pr, ps);
-    if (sm->r[pr].state[ps] != 1)
-        return true; /* the peer's side is not ready yet */
-    int sr = st->kind == WEFT_STEP_SEND ? rank : pr, rr = sr == rank ? pr : rank;
-    int32_t ss = sr == rank ? step : ps, rs = sr == rank ? ps : step;
-    const struct weft_step *sst = &sm->r[sr].s->steps[ss];
-    seg_read(&sm->r[sr].mem, addr_of(&sm->r[sr], sst->buf, sst->off), sst->count, &sm->ra);
-    if (!deliver(sm, rr, rs))
-        return false;
-    complete(sm, sr, ss);
-    complete(sm, rr, rs);
+    return post(sm, rank, step);
+}
+
+/* Once nothing else can move, the lowest waiting RECV_REDUCE of a rank with
+ * a free slot gets it: the engine's scan posts in step order.  Granting
+ * only then plays the ranks' timing against the schedule (others move as
+ * far as they can first); *moved tells whether a slot was given. */
+static bool grant_slot(struct sim *sm, bool *moved)
+{
+    *moved = false;
+    for (int rank = 0; rank < sm->p; rank++) {
+        struct sim_rank *r = &sm->r[rank];
+        if (r->free_slots == 0 || r->nwaiting == 0)
+            continue;
+        int best = 0;
+        for (int k = 1; k < r->nwaiting; k++)
+            if (r->waiting[k] < r->waiting[best])
+                best = k;
+        int32_t step = r->waiting[best];
+        r->waiting[best] = r->waiting[--r->nwaiting];
+        *moved = true;
+        return post(sm, rank, step);
+    }
     return true;
+}
+
+/* Names the step a stuck execution is waiting on: a posted one (one end of
+ * the cycle, like the engine's "waiting on") before one never posted. */
+static bool report_deadlock(struct sim *sm)
+{
+    int rank = -1;
+    size_t i = 0;
+    for (int pass = 0; pass < 2 && rank < 0; pass++)
+        for (int q = 0; q < sm->p && rank < 0; q++)
+            for (size_t k = 0; k < sm->r[q].s->nsteps && rank < 0; k++) {
+                uint8_t s = sm->r[q].state[k];
+                if (s != S_DONE && (pass == 1 || s != S_PENDING))
+                    rank = q, i = k;
+            }
+    if (rank < 0)
+        return true;
+    const struct sim_rank *r = &sm->r[rank];
+    const struct weft_step *st = &r->s->steps[i];
+    char why[160];
+    bool queued = false;
+    for (int k = 0; k < r->nwaiting; k++)
+        queued |= r->waiting[k] == (int32_t)i;
+    if (r->state[i] == S_POSTED)
+        snprintf(why, sizeof(why), "posted, but rank %d never posts step %d, its match",
+                 r->match_rank[i], r->match_step[i]);
+    else if (r->state[i] == S_LANDED)
+        snprintf(why, sizeof(why), "its data landed, but its deps never complete");
+    else if (queued)
+        snprintf(why, sizeof(why), "it waits for a staging slot");
+    else
+        snprintf(why, sizeof(why), "it is never posted");
+    return fail(sm, "deadlock: rank %d step %zu (%s, peer %d) never completes: %s", rank, i,
+                kind_name(st->kind), st->peer, why);
 }
 
 static bool run_all(struct sim *sm)
@@ -592,17 +744,39 @@ static bool run_all(struct sim *sm)
         r->match_rank = malloc((n + 1) * sizeof(int32_t));
         r->match_step = malloc((n + 1) * sizeof(int32_t));
         r->ndeps = calloc(n + 1, sizeof(int32_t));
+        r->nunposted = calloc(n + 1, sizeof(int32_t));
+        r->prev_link = malloc((n + 1) * sizeof(int32_t));
+        r->next_link = malloc((n + 1) * sizeof(int32_t));
         r->state = calloc(n + 1, 1);
         r->dep_start = calloc(n + 2, sizeof(int32_t));
-        r->snap = calloc(n + 1, sizeof(struct runs));
-        cr_assert(r->match_rank && r->match_step && r->ndeps && r->state && r->dep_start &&
-                  r->snap);
+        r->staged = calloc(n + 1, sizeof(struct runs));
+        r->waiting = calloc((size_t)sm->p, sizeof(int32_t));
+        int32_t *last = malloc(2 * (size_t)sm->p * sizeof(int32_t));
+        cr_assert(r->match_rank && r->match_step && r->ndeps && r->nunposted && r->prev_link &&
+                  r->next_link && r->state && r->dep_start && r->staged && r->waiting && last);
+        r->free_slots = sm->slots;
+        /* Links: sends to a peer, and receives of either kind from it. */
+        for (int k = 0; k < 2 * sm->p; k++)
+            last[k] = -1;
+        for (size_t i = 0; i < n; i++) {
+            const struct weft_step *st = &r->s->steps[i];
+            r->prev_link[i] = r->next_link[i] = -1;
+            if (st->kind == WEFT_STEP_COPY)
+                continue;
+            int32_t *l = &last[2 * st->peer + (st->kind == WEFT_STEP_SEND ? 0 : 1)];
+            r->prev_link[i] = *l;
+            if (*l >= 0)
+                r->next_link[*l] = (int32_t)i;
+            *l = (int32_t)i;
+        }
+        free(last);
         size_t ne = 0;
         for (size_t i = 0; i < n; i++)
             for (int k = 0; k < WEFT_STEP_MAX_DEPS; k++)
                 if (r->s->steps[i].deps[k] >= 0) {
                     r->dep_start[r->s->steps[i].deps[k] + 1]++;
                     r->ndeps[i]++;
+                    r->nunposted[i]++;
                     ne++;
                 }
         for (size_t i = 0; i < n; i++)
@@ -620,24 +794,21 @@ static bool run_all(struct sim *sm)
     }
     if (!match_all(sm))
         return false;
-    for (int rank = 0; rank < sm->p; rank++)
-        for (size_t i = 0; i < sm->r[rank].s->nsteps; i++)
-            if (sm->r[rank].ndeps[i] == 0)
-                push_ready(sm, rank, (int32_t)i);
-    while (sm->nstack) {
-        int32_t step = sm->stack[--sm->nstack];
-        int rank = sm->stack[--sm->nstack];
-        if (!step_ready(sm, rank, step))
+    /* Every step is looked at once, rank 0 step 0 first. */
+    for (int rank = sm->p - 1; rank >= 0; rank--)
+        for (size_t i = sm->r[rank].s->nsteps; i-- > 0;)
+            wake(sm, rank, (int32_t)i);
+    for (bool moved = true; moved;) {
+        while (sm->nstack) {
+            int32_t step = sm->stack[--sm->nstack];
+            int rank = sm->stack[--sm->nstack];
+            if (!advance(sm, rank, step))
+                return false;
+        }
+        if (!grant_slot(sm, &moved))
             return false;
     }
-    for (int rank = 0; rank < sm->p; rank++) {
-        const struct sim_rank *r = &sm->r[rank];
-        for (size_t i = 0; i < r->s->nsteps; i++)
-            if (r->state[i] != 2)
-                return fail(sm, "deadlock: rank %d step %zu (%s, peer %d) never completes", rank,
-                            i, kind_name(r->s->steps[i].kind), r->s->steps[i].peer);
-    }
-    return true;
+    return report_deadlock(sm);
 }
 
 /* Any two steps of a rank that touch overlapping memory, one writing, must
@@ -799,12 +970,16 @@ static void sim_free(struct sim *sm)
         free(r->match_rank);
         free(r->match_step);
         free(r->ndeps);
+        free(r->nunposted);
+        free(r->prev_link);
+        free(r->next_link);
         free(r->state);
         free(r->dep_start);
         free(r->dep_list);
-        for (size_t k = 0; r->snap && k < r->s->nsteps; k++)
-            free(r->snap[k].r);
-        free(r->snap);
+        for (size_t k = 0; r->staged && k < r->s->nsteps; k++)
+            free(r->staged[k].r);
+        free(r->staged);
+        free(r->waiting);
     }
     free(sm->ra.r);
     free(sm->rb.r);
@@ -814,10 +989,23 @@ static void sim_free(struct sim *sm)
     free(sm->ex.slot);
 }
 
-/* Checks the given schedules (one per rank) of a collective, made by algo;
- * false with err filled on the first problem.  buffered: see struct sim. */
-static bool verify(int algo, int coll, int p, int root, size_t count, struct weft_schedule *sch,
-                   bool buffered, char *err, size_t errlen)
+/* verify's slots: a staging slot count, or one of these. */
+#define SLOTS_UNLIMITED 0 /* unbuffered, any number of receive-reduces in flight */
+#define SLOTS_BUFFERED (-1) /* buffered sends: see struct sim */
+
+/* The slot count the engine runs with (src/op.c clamps it the same way). */
+static int engine_slots(void)
+{
+    int64_t n = weft_param_int("WEFT_STAGING_SLOTS");
+    return (int)WEFT_MAX(WEFT_MIN(n, 1024), 1);
+}
+
+/* Runs the given schedules (one per rank) of a collective, made by algo,
+ * in and out of place; false with err filled on the first problem.  With
+ * outputs false, only the static checks and the execution (deadlocks, what
+ * the reductions combine) count, not what the ranks end up holding. */
+static bool simulate(int algo, int coll, int p, int root, size_t count, struct weft_schedule *sch,
+                     int slots, bool outputs, char *err, size_t errlen)
 {
     bool ok = true;
     for (int mode = 0; mode < 2 && ok; mode++) {
@@ -825,7 +1013,8 @@ static bool verify(int algo, int coll, int p, int root, size_t count, struct wef
         cr_assert(sm);
         sm->coll = coll;
         sm->algo = algo;
-        sm->buffered = buffered;
+        sm->buffered = slots == SLOTS_BUFFERED;
+        sm->slots = WEFT_MAX(slots, 0);
         sm->p = p;
         sm->root = root;
         sm->count = count;
@@ -837,13 +1026,20 @@ static bool verify(int algo, int coll, int p, int root, size_t count, struct wef
         }
         for (int rank = 0; rank < p && ok; rank++)
             ok = check_steps(sm, rank) && check_races(sm, rank);
-        ok = ok && run_all(sm) && check_outputs(sm);
+        ok = ok && run_all(sm) && (!outputs || check_outputs(sm));
         if (!ok)
             snprintf(err, errlen, "%s", sm->err);
         sim_free(sm);
         free(sm);
     }
     return ok;
+}
+
+/* Checks the given schedules of a collective completely. */
+static bool verify(int algo, int coll, int p, int root, size_t count, struct weft_schedule *sch,
+                   int slots, char *err, size_t errlen)
+{
+    return simulate(algo, coll, p, root, count, sch, slots, true, err, errlen);
 }
 
 /* ---- the ring, checked -------------------------------------------------------- */
@@ -869,18 +1065,18 @@ static void free_all(int p, struct weft_schedule *sch)
 }
 
 static void check_sched(int algo, int coll, int p, int root, size_t count, size_t chunk,
-                        bool buffered)
+                        int slots)
 {
     struct weft_schedule sch[MAXP];
     char err[700];
     build_all(algo, coll, p, root, count, chunk, sch);
-    bool ok = verify(algo, coll, p, root, count, sch, buffered, err, sizeof(err));
+    bool ok = verify(algo, coll, p, root, count, sch, slots, err, sizeof(err));
     free_all(p, sch);
     cr_assert(ok, "chunk %zu: %s", chunk, err);
 }
 
-/* Ranks pmin..pmax, then 31 and 64 when with_big. */
-static void ring_matrix(int coll, int pmin, int pmax, bool with_big)
+/* Ranks pmin..pmax, then 31 and 64 when with_big; slots: see verify. */
+static void ring_matrix(int coll, int pmin, int pmax, bool with_big, int slots)
 {
     int ps[MAXP], np = 0;
     for (int p = pmin; p <= pmax; p++)
@@ -913,19 +1109,30 @@ static void ring_matrix(int coll, int pmin, int pmax, bool with_big)
         }
         for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
             for (int r = 0; r < nroots; r++)
-                check_sched(WEFT_ALGO_RING, coll, p, roots[r], counts[c], chunks[c], false);
+                check_sched(WEFT_ALGO_RING, coll, p, roots[r], counts[c], chunks[c], slots);
         /* Chunk 1: every element its own step. */
         check_sched(WEFT_ALGO_RING, coll, p, roots[nroots - 1], per_block ? 3 : (size_t)p + 1,
-                    1, false);
+                    1, slots);
     }
 }
 
-Test(ring, allreduce_small_p) { ring_matrix(WEFT_COLL_ALLREDUCE, 1, 8, false); }
-Test(ring, allreduce_large_p) { ring_matrix(WEFT_COLL_ALLREDUCE, 9, 16, true); }
-Test(ring, reduce_scatter) { ring_matrix(WEFT_COLL_REDUCE_SCATTER, 1, 16, true); }
-Test(ring, allgather) { ring_matrix(WEFT_COLL_ALLGATHER, 1, 16, true); }
-Test(ring, broadcast) { ring_matrix(WEFT_COLL_BROADCAST, 1, 16, true); }
-Test(ring, reduce) { ring_matrix(WEFT_COLL_REDUCE, 1, 16, true); }
+Test(ring, allreduce_small_p) { ring_matrix(WEFT_COLL_ALLREDUCE, 1, 8, false, engine_slots()); }
+Test(ring, allreduce_large_p) { ring_matrix(WEFT_COLL_ALLREDUCE, 9, 16, true, engine_slots()); }
+Test(ring, reduce_scatter) { ring_matrix(WEFT_COLL_REDUCE_SCATTER, 1, 16, true, engine_slots()); }
+Test(ring, allgather) { ring_matrix(WEFT_COLL_ALLGATHER, 1, 16, true, engine_slots()); }
+Test(ring, broadcast) { ring_matrix(WEFT_COLL_BROADCAST, 1, 16, true, engine_slots()); }
+Test(ring, reduce) { ring_matrix(WEFT_COLL_REDUCE, 1, 16, true, engine_slots()); }
+
+/* Few staging slots: a RECV_REDUCE holds one from its post to its reduce,
+ * and must not end up waiting for one that only a later step frees. */
+Test(ring, no_buffering_needed)
+{
+    int colls[] = { WEFT_COLL_ALLREDUCE, WEFT_COLL_REDUCE_SCATTER, WEFT_COLL_REDUCE };
+    for (int slots = 1; slots <= 2; slots++)
+        for (size_t c = 0; c < sizeof(colls) / sizeof(colls[0]); c++)
+            ring_matrix(colls[c], 1, 9, false, slots);
+}
+
 /* The structure the engine relies on, beyond correctness. */
 Test(ring, step_structure)
 {
@@ -1032,9 +1239,8 @@ Test(ring, rebuild_reuses_schedule)
 
 /* Allreduce over ranks pmin..pmax (then 31 and 64 when with_big): powers of
  * two, folded rank counts, counts that leave ranks without a full chunk.
- * buffered: checks data flow with sends that never wait for their receive;
- * unbuffered: also that no execution needs the transport to buffer. */
-static void rd_matrix(int pmin, int pmax, bool with_big, bool buffered)
+ * slots: see verify. */
+static void rd_matrix(int pmin, int pmax, bool with_big, int slots)
 {
     int ps[MAXP], np = 0;
     for (int p = pmin; p <= pmax; p++)
@@ -1049,21 +1255,27 @@ static void rd_matrix(int pmin, int pmax, bool with_big, bool buffered)
         size_t chunks[] = { 1 << 20, 1 << 20, 1 << 20, 1 << 20, 65536, 3, 3 };
         for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
             check_sched(WEFT_ALGO_RD, WEFT_COLL_ALLREDUCE, ps[i], 0, counts[c], chunks[c],
-                        buffered);
-        check_sched(WEFT_ALGO_RD, WEFT_COLL_ALLREDUCE, ps[i], 0, p + 1, 1, buffered);
+                        slots);
+        check_sched(WEFT_ALGO_RD, WEFT_COLL_ALLREDUCE, ps[i], 0, p + 1, 1, slots);
     }
 }
 
-Test(rd, allreduce_small_p) { rd_matrix(1, 8, false, true); }
-Test(rd, allreduce_large_p) { rd_matrix(9, 16, true, true); }
+Test(rd, allreduce_small_p) { rd_matrix(1, 8, false, engine_slots()); }
+Test(rd, allreduce_large_p) { rd_matrix(9, 16, true, engine_slots()); }
 
-/* The engine posts a RECV_REDUCE only once its deps are done, and a TCP
- * send completes only once the kernel has taken all of it.  Both partners
- * of an exchange send first and make the reduce wait for their own send,
- * so with a chunk larger than the socket buffers neither send can finish
- * (seen: 2 ranks, WEFT_SOCKET_BUFSIZE=65536, 256 KiB float sum, hangs with
- * "waiting on: send to rank 1").  Unbuffered execution must not deadlock. */
-Test(rd, no_buffering_needed) { rd_matrix(1, 9, false, false); }
+/* A TCP send completes only once the kernel has taken all of it.  Both
+ * partners of an exchange send first and make the reduce wait for their own
+ * send; while the engine posted a RECV_REDUCE only once its deps were done,
+ * a chunk larger than the socket buffers hung there (seen: 2 ranks,
+ * WEFT_SOCKET_BUFSIZE=65536, 256 KiB float sum, "waiting on: send to rank
+ * 1").  Now the receive goes out while the send is in flight; unbuffered
+ * execution must not deadlock, down to one staging slot. */
+Test(rd, no_buffering_needed)
+{
+    for (int slots = 1; slots <= 2; slots++)
+        rd_matrix(1, 9, false, slots);
+    rd_matrix(1, 9, false, SLOTS_UNLIMITED);
+}
 
 static int count_flag(const struct weft_schedule *s, int flag)
 {
@@ -1214,12 +1426,12 @@ static void expect_caught_algo(int algo, int coll, int p, int root, size_t count
 {
     struct weft_schedule sch[MAXP];
     char err[700] = "";
-    bool buffered = algo == WEFT_ALGO_RD; /* see Test(rd, no_buffering_needed) */
+    int slots = engine_slots();
     build_all(algo, coll, p, root, count, chunk, sch);
-    cr_assert(verify(algo, coll, p, root, count, sch, buffered, err, sizeof(err)),
+    cr_assert(verify(algo, coll, p, root, count, sch, slots, err, sizeof(err)),
               "baseline: %s", err);
     mutate(sch, p);
-    bool ok = verify(algo, coll, p, root, count, sch, buffered, err, sizeof(err));
+    bool ok = verify(algo, coll, p, root, count, sch, slots, err, sizeof(err));
     free_all(p, sch);
     if (needle == NULL) {
         cr_assert(ok, "a harmless change was rejected: %s", err);
@@ -1495,6 +1707,151 @@ Test(checker, catches_broken_rd_schedules)
     /* Changes that keep every rank's expression the same pass. */
     expect_caught_algo(rd, ar, 2, 0, 10, 3, rd_swap_convention, NULL);
     expect_caught_algo(rd, ar, 3, 0, 10, 3, rd_fold_in_order, NULL);
+}
+
+/* ---- deadlocks the engine would have ---------------------------------------------- */
+
+/* Appends a one-element step to a hand-made schedule: SEND reads sendbuf,
+ * RECV writes recvbuf, RECV_REDUCE combines sendbuf into recvbuf, all at
+ * element off. */
+static int32_t add_step(struct weft_schedule *s, int kind, int flags, int peer, size_t off,
+                        int32_t dep)
+{
+    struct weft_step st = { .kind = (uint8_t)kind, .flags = (uint8_t)flags,
+                            .buf = kind == WEFT_STEP_SEND ? WEFT_BUF_SEND : WEFT_BUF_RECV,
+                            .src_buf = WEFT_BUF_SEND, .peer = peer, .deps = { dep, -1, -1 },
+                            .off = off, .src_off = off, .count = 1 };
+    int32_t i = weft_sched_add(s, &st);
+    cr_assert(i >= 0);
+    return i;
+}
+
+/* Runs hand-made allreduce schedules, 2 elements per rank, without asking
+ * for a right result: only whether (and where) execution gets stuck. */
+static bool run_hand(int p, struct weft_schedule *sch, int slots, char *err, size_t len)
+{
+    err[0] = '\0';
+    return simulate(WEFT_ALGO_RING, WEFT_COLL_ALLREDUCE, p, 0, 2, sch, slots, false, err, len);
+}
+
+/* Two partners that each send and then receive, the receive waiting for
+ * their own send.  A plain RECV is posted only once the send is done, and
+ * the send is done only once the peer's receive is posted: that needs the
+ * transport to buffer the message.  A RECV_REDUCE is posted while its send
+ * is in flight, so it does not (rd's exchanges are built that way; the
+ * engine that held RECV_REDUCE back like a RECV hung on them). */
+Test(checker, send_then_dependent_receive)
+{
+    struct weft_schedule sch[2];
+    char err[700];
+    for (int kind = WEFT_STEP_RECV; kind <= WEFT_STEP_RECV_REDUCE; kind++) {
+        for (int r = 0; r < 2; r++) {
+            weft_sched_init(&sch[r]);
+            int32_t snd = add_step(&sch[r], WEFT_STEP_SEND, 0, 1 - r, 0, -1);
+            int flags = kind == WEFT_STEP_RECV_REDUCE ? WEFT_STEP_FINAL : 0;
+            add_step(&sch[r], kind, flags, 1 - r, 0, snd);
+        }
+        cr_assert(run_hand(2, sch, SLOTS_BUFFERED, err, sizeof(err)), "%s", err);
+        int slots[] = { 1, 2, SLOTS_UNLIMITED };
+        for (size_t k = 0; k < sizeof(slots) / sizeof(slots[0]); k++) {
+            bool ok = run_hand(2, sch, slots[k], err, sizeof(err));
+            if (kind == WEFT_STEP_RECV_REDUCE) {
+                cr_assert(ok, "%s", err);
+                continue;
+            }
+            cr_assert(!ok, "a send that needs buffering passed (slots %d)", slots[k]);
+            cr_assert(strstr(err, "deadlock: rank 0 step 0 (SEND, peer 1) never completes: "
+                                  "posted, but rank 1 never posts step 1, its match"),
+                      "%s", err);
+        }
+        free_all(2, sch);
+    }
+}
+
+/* Each rank receives first and sends what it received: nobody ever sends,
+ * buffered or not, a RECV_REDUCE (posted at once) no better than a RECV. */
+Test(checker, receive_before_send)
+{
+    struct weft_schedule sch[2];
+    char err[700];
+    for (int kind = WEFT_STEP_RECV; kind <= WEFT_STEP_RECV_REDUCE; kind++) {
+        for (int r = 0; r < 2; r++) {
+            weft_sched_init(&sch[r]);
+            int flags = kind == WEFT_STEP_RECV_REDUCE ? WEFT_STEP_FINAL : 0;
+            int32_t rcv = add_step(&sch[r], kind, flags, 1 - r, 0, -1);
+            struct weft_step st = { .kind = WEFT_STEP_SEND, .buf = WEFT_BUF_RECV,
+                                    .peer = 1 - r, .deps = { rcv, -1, -1 }, .count = 1 };
+            cr_assert(weft_sched_add(&sch[r], &st) == 1);
+        }
+        int slots[] = { SLOTS_BUFFERED, 1, SLOTS_UNLIMITED };
+        for (size_t k = 0; k < sizeof(slots) / sizeof(slots[0]); k++) {
+            cr_assert(!run_hand(2, sch, slots[k], err, sizeof(err)), "%s, slots %d: passed",
+                      kind_name(kind), slots[k]);
+            char want[120];
+            snprintf(want, sizeof(want), "deadlock: rank 0 step 0 (%s, peer 1) never completes: "
+                     "posted, but rank 1 never posts step 1", kind_name(kind));
+            cr_assert(strstr(err, want), "%s", err);
+        }
+        free_all(2, sch);
+    }
+}
+
+/* Messages on one link keep their order: rank 0's second receive from rank
+ * 1 (a RECV_REDUCE free to go) is not posted before the first (a RECV that
+ * waits for rank 0's send), so rank 1's first send, which that RECV takes,
+ * blocks its second. */
+Test(checker, link_order)
+{
+    struct weft_schedule sch[2];
+    char err[700];
+    weft_sched_init(&sch[0]);
+    weft_sched_init(&sch[1]);
+    int32_t snd = add_step(&sch[0], WEFT_STEP_SEND, 0, 1, 0, -1);
+    add_step(&sch[0], WEFT_STEP_RECV, 0, 1, 0, snd);
+    add_step(&sch[0], WEFT_STEP_RECV_REDUCE, WEFT_STEP_FINAL, 1, 1, -1);
+    add_step(&sch[1], WEFT_STEP_SEND, 0, 0, 0, -1);
+    snd = add_step(&sch[1], WEFT_STEP_SEND, 0, 0, 1, -1);
+    add_step(&sch[1], WEFT_STEP_RECV, 0, 0, 1, snd);
+    cr_assert(run_hand(2, sch, SLOTS_BUFFERED, err, sizeof(err)), "%s", err);
+    cr_assert(!run_hand(2, sch, SLOTS_UNLIMITED, err, sizeof(err)), "a message overtook");
+    cr_assert(strstr(err, "deadlock: rank 0 step 0 (SEND, peer 1) never completes"), "%s", err);
+    /* With both links in the other order (the receive of rank 1 still
+     * waiting for the send the RECV_REDUCE takes), all is well. */
+    struct weft_step t = sch[0].steps[1];
+    sch[0].steps[1] = sch[0].steps[2];
+    sch[0].steps[2] = t;
+    sch[1].steps[0].off = 1;
+    sch[1].steps[1].off = 0;
+    sch[1].steps[2].deps[0] = 0;
+    cr_assert(run_hand(2, sch, SLOTS_UNLIMITED, err, sizeof(err)), "%s", err);
+    free_all(2, sch);
+}
+
+/* A RECV_REDUCE holds its staging slot from its post to its reduce.  Rank 0
+ * takes two messages, from rank 2 first in schedule order; rank 2 sends
+ * only after rank 1 has sent it something, which rank 1 does only after
+ * rank 0 took rank 1's message.  With one slot, the receive from rank 2
+ * holds it and the one from rank 1 can never be posted. */
+Test(checker, staging_slots_run_out)
+{
+    struct weft_schedule sch[3];
+    char err[700];
+    for (int r = 0; r < 3; r++)
+        weft_sched_init(&sch[r]);
+    add_step(&sch[0], WEFT_STEP_RECV_REDUCE, 0, 2, 0, -1);
+    add_step(&sch[0], WEFT_STEP_RECV_REDUCE, 0, 1, 1, -1);
+    add_step(&sch[1], WEFT_STEP_SEND, 0, 0, 1, -1);
+    add_step(&sch[1], WEFT_STEP_SEND, 0, 2, 0, 0);
+    add_step(&sch[2], WEFT_STEP_RECV, 0, 1, 1, -1);
+    add_step(&sch[2], WEFT_STEP_SEND, 0, 0, 0, 0);
+    cr_assert(!run_hand(3, sch, 1, err, sizeof(err)), "one slot was enough");
+    cr_assert(strstr(err, "1 staging slot: deadlock: rank 0 step 0 (RECV_REDUCE, peer 2) never "
+                          "completes: posted, but rank 2 never posts step 1"),
+              "%s", err);
+    cr_assert(run_hand(3, sch, 2, err, sizeof(err)), "%s", err);
+    cr_assert(run_hand(3, sch, SLOTS_UNLIMITED, err, sizeof(err)), "%s", err);
+    cr_assert(run_hand(3, sch, SLOTS_BUFFERED, err, sizeof(err)), "%s", err);
+    free_all(3, sch);
 }
 /* ---- schedule container and collective facts ---------------------------------------- */
 
