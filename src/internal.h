@@ -95,6 +95,11 @@ struct weft_param_desc {
 };
 /* The table, for weft-info --params and the README. */
 const struct weft_param_desc *weft_param_table(size_t *n) WEFT_HIDDEN;
+/* A list in NCCL's syntax, "a,b" or "^a,b" (exclude), matched without case
+ * against names[i] for bit i.  *mask gets what it selects (everything for
+ * an empty spec).  An unknown name returns false and is copied into bad. */
+bool weft_parse_mask(const char *spec, const char *const *names, size_t n, unsigned *mask,
+                     char *bad, size_t badlen) WEFT_HIDDEN;
 /* Parses "123", "4K", "2M", "1G" (binary units); false on junk/overflow. */
 bool weft_parse_size(const char *s, int64_t *out) WEFT_HIDDEN;
 

@@ -23,29 +23,21 @@ static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
 static __thread int log_rank = -1;
 static __thread char thread_error[WEFT_ERRMSG_LEN];
 
-static const struct {
-    const char *name;
-    unsigned bit;
-} subsys_names[] = {
-    {"INIT", WEFT_SUB_INIT}, {"NET", WEFT_SUB_NET}, {"COLL", WEFT_SUB_COLL},
-    {"BOOT", WEFT_SUB_BOOT}, {"ENV", WEFT_SUB_ENV}, {"ALL", WEFT_SUB_ALL},
-};
-
+/* Bit i of the mask is names[i]; the last one, ALL, stands for every bit. */
 static unsigned parse_subsys(const char *spec)
 {
-    if (spec == NULL || *spec == '\0')
+    static const char *const names[] = {"INIT", "NET", "COLL", "BOOT", "ENV", "ALL"};
+    unsigned mask;
+    char bad[64];
+    if (!weft_parse_mask(spec, names, WEFT_ARRAY_SIZE(names), &mask, bad, sizeof(bad))) {
+        fprintf(stderr, "weft: WEFT_DEBUG_SUBSYS: unknown subsystem '%s'; logging all\n", bad);
         return WEFT_SUB_ALL;
-    bool negate = spec[0] == '^';
-    unsigned mask = 0;
-    char buf[256];
-    snprintf(buf, sizeof(buf), "%s", spec + negate);
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        for (size_t i = 0; i < WEFT_ARRAY_SIZE(subsys_names); i++)
-            if (strcasecmp(tok, subsys_names[i].name) == 0)
-                mask |= subsys_names[i].bit;
     }
-    return negate ? ~mask : mask;
+    bool exclude = spec[0] == '^';
+    unsigned all_bit = 1u << (WEFT_ARRAY_SIZE(names) - 1);
+    if (exclude)
+        return (mask & all_bit) ? mask & ~all_bit : 0;
+    return (mask & all_bit) ? WEFT_SUB_ALL : mask;
 }
 
 static void log_init_once(void)

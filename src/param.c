@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "internal.h"
 
@@ -60,6 +61,32 @@ bool weft_parse_size(const char *s, int64_t *out)
     if (v < 0 ? v < (INT64_MIN >> shift) : v > (INT64_MAX >> shift))
         return false;
     *out = (int64_t)v * ((int64_t)1 << shift);
+    return true;
+}
+
+bool weft_parse_mask(const char *spec, const char *const *names, size_t n, unsigned *mask,
+                     char *bad, size_t badlen)
+{
+    unsigned all = n >= 32 ? ~0u : (1u << n) - 1;
+    *mask = all;
+    if (spec == NULL || *spec == '\0')
+        return true;
+    bool exclude = spec[0] == '^';
+    unsigned named = 0;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", spec + exclude);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        size_t i = 0;
+        while (i < n && strcasecmp(tok, names[i]) != 0)
+            i++;
+        if (i == n) {
+            snprintf(bad, badlen, "%s", tok);
+            return false;
+        }
+        named |= 1u << i;
+    }
+    *mask = exclude ? all & ~named : named;
     return true;
 }
 

@@ -19,27 +19,14 @@
 
 weft_status_t weft_tune_parse_algo(const char *spec, unsigned *mask)
 {
-    unsigned all = (1u << WEFT_ALGO_COUNT) - 1;
-    if (spec == NULL || *spec == '\0') {
-        *mask = all;
-        return WEFT_OK;
-    }
-    bool exclude = spec[0] == '^';
-    unsigned named = 0;
-    char buf[128];
-    snprintf(buf, sizeof(buf), "%s", spec + exclude);
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int a = 0;
-        while (a < WEFT_ALGO_COUNT && strcasecmp(tok, weft_algo_name(a)) != 0)
-            a++;
-        if (a == WEFT_ALGO_COUNT)
-            return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
-                                    "WEFT_ALGO=%s: unknown algorithm '%s' (available: ring, rd)",
-                                    spec, tok);
-        named |= 1u << a;
-    }
-    *mask = exclude ? all & ~named : named;
+    const char *names[WEFT_ALGO_COUNT];
+    for (int a = 0; a < WEFT_ALGO_COUNT; a++)
+        names[a] = weft_algo_name(a);
+    char bad[64];
+    if (!weft_parse_mask(spec, names, WEFT_ALGO_COUNT, mask, bad, sizeof(bad)))
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                "WEFT_ALGO=%s: unknown algorithm '%s' (available: ring, rd)", spec,
+                                bad);
     /* Ring runs every collective; without it some calls would have none. */
     if (!(*mask & (1u << WEFT_ALGO_RING)) && *mask != (1u << WEFT_ALGO_RD))
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
