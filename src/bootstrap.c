@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bootstrap.h"
@@ -454,11 +455,25 @@ weft_status_t weft_bootstrap_init(struct weft_comm *comm, const struct weft_uid 
         if (st != WEFT_OK)
             goto fail;
     } else {
-        WEFT_CHECK_GOTO(weft_sock_connect(&uid->root, deadline, &bs->root_fd), st, fail);
         struct weft_auth_hello hello = {.kind = WEFT_AUTH_BOOTSTRAP, .job = uid->job,
                                         .rank = (uint32_t)rank, .nranks = (uint32_t)nranks};
         const char *why = NULL;
-        st = weft_auth_connect(bs->root_fd, uid->secret, &hello, deadline, &why);
+        for (int tries = 0;; tries++) {
+            WEFT_CHECK_GOTO(weft_sock_connect(&uid->root, deadline, &bs->root_fd), st, fail);
+            st = weft_auth_connect(bs->root_fd, uid->secret, &hello, deadline, &why);
+            /* A root busy with a flood of strangers may drop us before the
+             * handshake is through: try again while time is left.  A root
+             * that fails our check of its secret is not retried. */
+            if (st != WEFT_ERR_REMOTE || weft_ms_left(deadline) == 0 ||
+                (why && strstr(why, "secret")))
+                break;
+            close(bs->root_fd);
+            bs->root_fd = -1;
+            WEFT_INFO(WEFT_SUB_BOOT, "bootstrap: root dropped our handshake (%s); retrying",
+                      why ? why : "?");
+            struct timespec pause = {0, 10000000L << (tries < 5 ? tries : 5)};
+            nanosleep(&pause, NULL);
+        }
         if (st != WEFT_OK) {
             st = weft_error(comm, st, "bootstrap: handshake with root %s failed: %s",
                             weft_sock_str(&uid->root, addr, sizeof(addr)), why ? why : "?");
