@@ -1,6 +1,7 @@
 /*
- * harness.c - forked multi-process jobs with a deadline, and the typed
- * buffer helpers the collective tests check results with.
+ * harness.c - forked multi-process jobs with a deadline, the typed buffer
+ * helpers the collective tests check results with, and the per-rank state
+ * and checks shared by test_coll and test_p2p.
  */
 #include "harness.h"
 
@@ -454,4 +455,92 @@ uint64_t weft_test_hash(const void *buf, size_t bytes)
     for (size_t i = 0; i < bytes; i++)
         h = (h ^ p[i]) * 0x100000001b3ull;
     return h;
+}
+
+/* ---- one rank of a collective job ------------------------------------------- */
+
+int tc_alloc(struct tc *c, weft_comm_t comm, int rank, int p)
+{
+    *c = (struct tc){.comm = comm, .rank = rank, .p = p};
+    c->maxn = WEFT_MAX((size_t)LARGE, (size_t)p * LARGE_SEG);
+    size_t bytes = c->maxn * 8;
+    c->in = malloc(bytes);
+    c->want = malloc(bytes);
+    c->snd = malloc(bytes);
+    weft_test_gbuf_alloc(&c->rcvg, bytes);
+    if (!c->in || !c->want || !c->snd || !c->rcvg.base) {
+        weft_test_fail(rank, "out of memory");
+        return 1;
+    }
+    c->rcv = c->rcvg.p;
+    return 0;
+}
+
+void tc_free(struct tc *c)
+{
+    free(c->in);
+    free(c->want);
+    free(c->snd);
+    weft_test_gbuf_free(&c->rcvg);
+}
+
+int tc_verdict(const struct tc *c)
+{
+    int rc = 1;
+    if (c->fails > 0)
+        weft_test_fail(c->rank, "%d checks failed", c->fails);
+    else
+        rc = 0;
+    if (c->rank == 0 && getenv("WEFT_TEST_VERBOSE"))
+        fprintf(stderr, "rank 0: %d ranks: %ld calls, %d failed checks\n", c->p, c->calls,
+                c->fails);
+    return rc;
+}
+
+void report(struct tc *c, const char *fmt, ...)
+{
+    c->fails++;
+    if (c->reports++ >= MAX_REPORTS)
+        return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    weft_test_fail(c->rank, "%s", msg);
+}
+
+void poison_rcv(struct tc *c, size_t bytes)
+{
+    weft_test_gbuf_poison(&c->rcvg, bytes);
+}
+
+void check_guards(struct tc *c, const char *what, size_t bytes)
+{
+    char msg[128];
+    if (weft_test_gbuf_guard_error(&c->rcvg, bytes, msg, sizeof(msg)))
+        report(c, "%s: %s", what, msg);
+}
+
+void check_vals(struct tc *c, const char *what, const void *got, const void *want,
+                weft_dtype_t dt, size_t n)
+{
+    size_t i = weft_test_compare(got, want, dt, n);
+    if (i == n)
+        return;
+    char g[64], w[64];
+    report(c, "%s %s [%zu of %zu]: expected %s, got %s", what, weft_test_dtype_name(dt), i, n,
+           weft_test_format(want, dt, i, w, sizeof(w)), weft_test_format(got, dt, i, g, sizeof(g)));
+}
+
+void check_bytes(struct tc *c, const char *what, const uint8_t *got, const uint8_t *want,
+                 size_t bytes, size_t esize)
+{
+    if (memcmp(got, want, bytes) == 0)
+        return;
+    size_t i = 0;
+    while (got[i] == want[i])
+        i++;
+    report(c, "%s: element %zu differs (byte %zu: expected 0x%02x, got 0x%02x)", what, i / esize,
+           i, want[i], got[i]);
 }

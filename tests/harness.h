@@ -145,4 +145,62 @@ uint64_t weft_test_mix(uint64_t x);
 /* FNV-1a over bytes, for cross-rank bitwise comparison. */
 uint64_t weft_test_hash(const void *buf, size_t bytes);
 
+
+/* ---- one rank of a collective job (test_coll, test_p2p) ----------------------- */
+
+#define LARGE 100003u     /* allreduce, reduce, broadcast, p2p */
+#define LARGE_SEG 20011u  /* per-rank count of reduce_scatter and allgather */
+#define POISON WEFT_TEST_POISON
+#define MAX_REPORTS 20    /* mismatch reports per rank before it goes quiet */
+
+/* One rank's state for the whole job.  All buffers hold maxn elements of
+ * 8 bytes: maxn = max(LARGE, p * LARGE_SEG). */
+struct tc {
+    weft_comm_t comm;
+    int rank, p;
+    size_t maxn;
+    uint8_t *in;       /* this rank's input of the current (dtype, op) */
+    uint8_t *want;     /* expected reduction of the current (dtype, op) */
+    uint8_t *snd;      /* send buffer */
+    struct weft_test_gbuf rcvg; /* receive buffer with guards, maxn * 8 */
+    uint8_t *rcv;      /* rcvg.p */
+    int fails;         /* checks that failed (the job goes on) */
+    long calls;        /* weft calls made, for the summary line */
+    int reports;
+};
+
+/* Allocates c's buffers for rank of a p-rank job on comm; 0, or 1 after
+ * printing why.  tc_free releases them either way. */
+int tc_alloc(struct tc *c, weft_comm_t comm, int rank, int p);
+void tc_free(struct tc *c);
+/* The job's verdict for this rank: 0 when no check failed, else 1 after
+ * saying how many did. */
+int tc_verdict(const struct tc *c);
+
+/* Counts a failed check; prints it unless this rank reported too much. */
+void report(struct tc *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Poisons the receive buffer (and its guards) for bytes. */
+void poison_rcv(struct tc *c, size_t bytes);
+/* Reports a write outside the first bytes of the receive buffer. */
+void check_guards(struct tc *c, const char *what, size_t bytes);
+/* Reports the first of n elements that differ (floats by value). */
+void check_vals(struct tc *c, const char *what, const void *got, const void *want,
+                weft_dtype_t dt, size_t n);
+/* Reports the first element whose bytes differ. */
+void check_bytes(struct tc *c, const char *what, const uint8_t *got, const uint8_t *want,
+                 size_t bytes, size_t esize);
+
+/* A collective that returns an error ends the job for this rank: the
+ * communicator may be broken and the ranks would drift apart. */
+#define CALL(c, what, call)                                                                   \
+    do {                                                                                      \
+        weft_status_t st_ = (call);                                                           \
+        (c)->calls++;                                                                         \
+        if (st_ != WEFT_OK) {                                                                 \
+            weft_test_fail((c)->rank, "%s returned %s: %s", (what), weft_status_string(st_),   \
+                           weft_last_error((c)->comm));                                        \
+            return -1;                                                                        \
+        }                                                                                     \
+    } while (0)
+
 #endif /* WEFT_TEST_HARNESS_H */

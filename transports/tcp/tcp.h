@@ -1,0 +1,165 @@
+/*
+ * tcp.h - private to the tcp transport: wire constants, the request, stream,
+ * connection and context structs shared by the data path (tcp.c) and the
+ * connection setup (tcp_setup.c), and the functions each calls in the other.
+ */
+#ifndef WEFT_TRANSPORT_TCP_H
+#define WEFT_TRANSPORT_TCP_H
+
+#include <poll.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/auth.h"
+#include "src/comm.h"
+#include "src/sock.h"
+#include "transports/transport.h"
+
+#define TCP_HDR_LEN 24                 /* u32 magic, u32 reserved, u64 seq, u64 len */
+#define TCP_MAGIC 0x31444657u          /* "WFD1" on the wire */
+#define TCP_MAX_STREAMS 16
+#define TCP_MAX_PENDING 64             /* accepted sockets still in their handshake */
+#define TCP_ACCEPT_TIMEOUT_NS (10ull * 1000000000ull)
+#define TCP_IOV_MAX 64                 /* iovecs per sendmsg: 32 queued messages */
+#define TCP_REQ_SLAB 64
+#define TCP_ERRMSG_LEN 384
+#define TCP_ADDRSTR_LEN 64
+
+_Static_assert(sizeof(union weft_sockaddr) <= WEFT_TRANSPORT_ADDR_MAX,
+               "a published tcp address must fit WEFT_TRANSPORT_ADDR_MAX");
+
+/* Send streams go IDLE -> CONNECTING -> HANDSHAKE -> READY; receive streams
+ * go IDLE -> READY when an authenticated socket is installed.  FAILED is
+ * final for both. */
+enum { ST_IDLE, ST_CONNECTING, ST_HANDSHAKE, ST_READY, ST_FAILED };
+
+struct tcp_ctx;
+struct tcp_conn;
+
+/*
+ * One isend or irecv.  Owner: the transport (recycled through ctx's free
+ * list); the caller borrows the handle until test() reports it done or
+ * failed.  While status is WEFT_INPROGRESS it sits in its stream's FIFO.
+ */
+struct tcp_req {
+    struct tcp_req *next;      /* FIFO or free list */
+    struct tcp_conn *conn;
+    char *buf;
+    size_t len;                /* bytes posted */
+    size_t msglen;             /* bytes of the message (recv: from its header) */
+    size_t done;               /* send: header + payload bytes written; recv: payload bytes */
+    uint64_t seq;              /* message number in this direction of conn */
+    weft_status_t status;      /* INPROGRESS, OK or the failure */
+    bool hdr_ok;               /* recv: header read and validated */
+    uint8_t hdr[TCP_HDR_LEN];  /* send: the frame header */
+};
+
+/*
+ * One socket of one direction.  Invariants: fd >= 0 exactly in states
+ * CONNECTING, HANDSHAKE and READY; `active` <=> linked into ctx's work list
+ * <=> the stream has something to do (setup, or READY with requests);
+ * `waits_fd` <=> a receive stream with requests but no socket yet.
+ */
+struct tcp_stream {
+    struct tcp_conn *conn;
+    int fd;
+    int index;
+    uint8_t state;
+    bool is_send, active, waits_fd, installed;
+    struct tcp_stream *prev, *next;          /* ctx work list */
+    struct tcp_req *head, *tail;             /* FIFO, oldest first */
+    size_t rhave;                            /* recv: bytes of rhdr read ahead */
+    uint8_t rhdr[TCP_HDR_LEN];
+    struct weft_auth_connector auth;         /* send: during HANDSHAKE */
+};
+
+/*
+ * Everything toward one peer.  Owner: ctx (conns[peer]), freed at finalize.
+ * Created by connect() or by the first accepted stream of that peer.
+ * err is OK until the first failure, then sticky: every stream is FAILED.
+ */
+struct tcp_conn {
+    struct tcp_ctx *ctx;
+    int peer;
+    bool have_addr;
+    union weft_sockaddr addr;              /* peer's published address */
+    char addrstr[TCP_ADDRSTR_LEN];
+    uint64_t nsend, nrecv;                 /* messages posted per direction */
+    uint64_t deadline;                     /* outgoing setup must finish by then (0: none) */
+    weft_status_t err;
+    char errmsg[TCP_ERRMSG_LEN];
+    struct tcp_stream *send, *recv;        /* nstreams each, inside streams[] */
+    struct tcp_stream streams[];
+};
+
+/* An accepted socket that has not proven itself yet. */
+struct tcp_pending {
+    bool used;
+    uint64_t serial;                       /* acceptance order: lowest is oldest */
+    struct weft_auth_acceptor acc;
+    char from[TCP_ADDRSTR_LEN];
+};
+
+struct tcp_slab {
+    struct tcp_slab *next;
+    struct tcp_req reqs[TCP_REQ_SLAB];
+};
+
+/*
+ * One rank's transport.  Owner: the engine, through init/finalize.  Used by
+ * one thread at a time, except efd (written by wakeup from any thread).
+ * The poll arrays hold room for every active stream plus the pending
+ * handshakes, the listener and the eventfd.
+ */
+struct tcp_ctx {
+    struct weft_comm *comm;
+    int rank, nranks, nstreams, bufsize;
+    uint64_t job, timeout_ns;
+    uint8_t secret[WEFT_SECRET_BYTES];
+    int lfd, efd;
+    union weft_sockaddr laddr;
+    struct tcp_conn **conns;               /* (nranks), NULL until needed */
+    struct tcp_stream *work;               /* active streams */
+    size_t nactive, nwait_fd;
+    unsigned tick;
+    struct tcp_pending pending[TCP_MAX_PENDING];
+    uint64_t pending_serial;
+    int npending;                          /* used entries of pending[] */
+    struct pollfd *pfd;                    /* (pcap) */
+    struct tcp_stream **pst;               /* (pcap) stream of pfd[i], NULL for others */
+    int *pkind;                            /* (pcap) -1 stream, -2 listener, -3 efd, else pending */
+    size_t pcap;
+    struct tcp_req *free_reqs;
+    struct tcp_slab *slabs;
+};
+
+/* ---- tcp.c: shared helpers ------------------------------------------------ */
+
+/* Keeps `active` and `waits_fd` true to the invariants of tcp_stream. */
+void tcp_stream_sync(struct tcp_stream *st) WEFT_HIDDEN;
+/* Fails conn for good: records why, closes every socket toward the peer
+ * (so the peer learns of it too) and fails every queued request. */
+void tcp_conn_fail(struct tcp_conn *c, weft_status_t status, const char *fmt, ...)
+    WEFT_HIDDEN WEFT_PRINTF(3, 4);
+/* conns[peer], created (every stream IDLE) on first use; NULL without memory. */
+struct tcp_conn *tcp_conn_get(struct tcp_ctx *ctx, int peer) WEFT_HIDDEN;
+
+/* ---- tcp_setup.c: connection setup ---------------------------------------- */
+
+/* Starts every send stream of c connecting; the handshakes finish in
+ * progress(), so two ranks that connect to each other never wait. */
+void tcp_conn_open(struct tcp_conn *c) WEFT_HIDDEN;
+/* Advances the setup of a send stream; returns true if it moved. */
+bool tcp_stream_setup(struct tcp_stream *st) WEFT_HIDDEN;
+/* Advances the handshake of one accepted socket. */
+void tcp_pending_step(struct tcp_ctx *ctx, struct tcp_pending *p) WEFT_HIDDEN;
+/* Accepts what waits on the listener and advances every handshake. */
+bool tcp_ctx_service(struct tcp_ctx *ctx) WEFT_HIDDEN;
+weft_status_t tcp_init(const struct weft_transport_init *args, void **vctx, void *addr,
+                       size_t *addrlen) WEFT_HIDDEN;
+weft_status_t tcp_connect(void *vctx, int peer, const void *addr, size_t addrlen,
+                          void **vconn) WEFT_HIDDEN;
+void tcp_finalize(void *vctx) WEFT_HIDDEN;
+
+#endif /* WEFT_TRANSPORT_TCP_H */

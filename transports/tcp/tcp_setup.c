@@ -1,0 +1,355 @@
+/*
+ * tcp_setup.c - tcp connection setup: outgoing sockets that connect and
+ * authenticate without blocking, the listener and the handshakes of accepted
+ * sockets, and the transport's init, connect and finalize.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "src/auth.h"
+#include "src/comm.h"
+#include "src/sock.h"
+#include "transports/transport.h"
+#include "transports/tcp/tcp.h"
+
+/* ---- outgoing connection setup ------------------------------------------ */
+
+/* Starts every send stream of c connecting; the handshakes finish in
+ * progress(), so two ranks that connect to each other never wait. */
+void tcp_conn_open(struct tcp_conn *c)
+{
+    struct tcp_ctx *ctx = c->ctx;
+    c->deadline = ctx->timeout_ns ? weft_now_ns() + ctx->timeout_ns : 0;
+    for (int s = 0; s < ctx->nstreams; s++) {
+        struct tcp_stream *st = &c->send[s];
+        int fd = -1;
+        weft_status_t rc = weft_sock_connect_start(&c->addr, &fd);
+        if (rc < 0) {
+            tcp_conn_fail(c, rc == WEFT_ERR_TIMEOUT ? rc : WEFT_ERR_REMOTE,
+                          "rank %d: cannot connect to rank %d at %s (stream %d): %s", ctx->rank,
+                          c->peer, c->addrstr, s, weft_thread_last_error());
+            return;
+        }
+        weft_sock_tune(fd, ctx->bufsize);
+        st->fd = fd;
+        st->state = ST_CONNECTING;
+        tcp_stream_sync(st);
+    }
+}
+
+/* Advances the setup of a send stream; returns true if it moved. */
+bool tcp_stream_setup(struct tcp_stream *st)
+{
+    struct tcp_conn *c = st->conn;
+    struct tcp_ctx *ctx = c->ctx;
+    if (st->state == ST_CONNECTING) {
+        weft_status_t rc = weft_sock_connect_finish(st->fd);
+        if (rc < 0) {
+            tcp_conn_fail(c, WEFT_ERR_REMOTE,
+                          "rank %d: cannot connect to rank %d at %s (stream %d): %s", ctx->rank,
+                          c->peer, c->addrstr, st->index, weft_thread_last_error());
+            return true;
+        }
+        if (rc == WEFT_OK) {
+            struct weft_auth_hello h = {.kind = WEFT_AUTH_DATA,
+                                        .job = ctx->job,
+                                        .rank = (uint32_t)ctx->rank,
+                                        .nranks = (uint32_t)ctx->nranks,
+                                        .index = (uint32_t)st->index};
+            weft_auth_connect_begin(&st->auth, st->fd, &h, c->deadline);
+            st->state = ST_HANDSHAKE;
+        }
+    }
+    if (st->state == ST_HANDSHAKE) {
+        const char *why = "unknown reason";
+        weft_status_t rc = weft_auth_connect_step(&st->auth, ctx->secret, &why);
+        if (rc == WEFT_OK) {
+            st->state = ST_READY;
+            tcp_stream_sync(st);
+            WEFT_INFO(WEFT_SUB_NET, "rank %d: send stream %d to rank %d (%s) is up", ctx->rank,
+                      st->index, c->peer, c->addrstr);
+            return true;
+        }
+        if (rc < 0) {
+            tcp_conn_fail(c, rc == WEFT_ERR_TIMEOUT ? rc : WEFT_ERR_REMOTE,
+                          "rank %d: handshake with rank %d at %s failed on stream %d: %s",
+                          ctx->rank, c->peer, c->addrstr, st->index, why);
+            return true;
+        }
+    }
+    if (c->deadline != 0 && weft_now_ns() > c->deadline) {
+        tcp_conn_fail(c, WEFT_ERR_TIMEOUT,
+                      "rank %d: connecting to rank %d at %s timed out after %llu ms (stream %d)",
+                      ctx->rank, c->peer, c->addrstr,
+                      (unsigned long long)(ctx->timeout_ns / 1000000), st->index);
+        return true;
+    }
+    return false;
+}
+
+/* ---- incoming connections ------------------------------------------------ */
+
+static void pending_drop(struct tcp_ctx *ctx, struct tcp_pending *p, const char *why)
+{
+    WEFT_WARN(WEFT_SUB_NET, "rank %d: dropped connection from %s: %s", ctx->rank, p->from, why);
+    close(p->acc.fd);
+    p->used = false;
+    ctx->npending--;
+}
+
+/* An authenticated socket: becomes receive stream hello.index from
+ * hello.rank if that slot is legitimately free. */
+static void pending_install(struct tcp_ctx *ctx, struct tcp_pending *p)
+{
+    const struct weft_auth_hello *h = &p->acc.hello;
+    char why[128];
+    if (h->kind != WEFT_AUTH_DATA) {
+        snprintf(why, sizeof(why), "not a data connection (kind %u)", (unsigned)h->kind);
+    } else if (h->nranks != (uint32_t)ctx->nranks) {
+        snprintf(why, sizeof(why), "it believes the job has %u ranks, not %d",
+                 (unsigned)h->nranks, ctx->nranks);
+    } else if (h->rank >= (uint32_t)ctx->nranks || h->rank == (uint32_t)ctx->rank) {
+        snprintf(why, sizeof(why), "it claims rank %u", (unsigned)h->rank);
+    } else if (h->index >= (uint32_t)ctx->nstreams) {
+        snprintf(why, sizeof(why), "stream %u, but WEFT_SOCKET_NSTREAMS is %d",
+                 (unsigned)h->index, ctx->nstreams);
+    } else {
+        struct tcp_conn *c = tcp_conn_get(ctx, (int)h->rank);
+        struct tcp_stream *st = c ? &c->recv[h->index] : NULL;
+        if (c == NULL)
+            snprintf(why, sizeof(why), "out of memory for the connection");
+        else if (c->err != WEFT_OK)
+            snprintf(why, sizeof(why), "the connection to rank %u has failed already",
+                     (unsigned)h->rank);
+        else if (st->installed)
+            snprintf(why, sizeof(why), "stream %u of rank %u is connected already",
+                     (unsigned)h->index, (unsigned)h->rank);
+        else {
+            st->fd = p->acc.fd;
+            st->installed = true;
+            st->state = ST_READY;
+            weft_sock_tune(st->fd, ctx->bufsize);
+            if (!c->have_addr)
+                snprintf(c->addrstr, sizeof(c->addrstr), "%s", p->from);
+            p->used = false;
+            ctx->npending--;
+            tcp_stream_sync(st);
+            WEFT_INFO(WEFT_SUB_NET, "rank %d: recv stream %u from rank %u (%s) is up", ctx->rank,
+                      (unsigned)h->index, (unsigned)h->rank, p->from);
+            return;
+        }
+    }
+    pending_drop(ctx, p, why);
+}
+
+void tcp_pending_step(struct tcp_ctx *ctx, struct tcp_pending *p)
+{
+    const char *why = "unknown reason";
+    weft_status_t rc = weft_auth_accept_step(&p->acc, ctx->secret, ctx->job, &why);
+    /* The acceptor checks its own deadline: a silent stranger fails here. */
+    if (rc == WEFT_OK)
+        pending_install(ctx, p);
+    else if (rc < 0)
+        pending_drop(ctx, p, why);
+}
+
+static void pending_add(struct tcp_ctx *ctx, int fd)
+{
+    struct tcp_pending *p = NULL, *oldest = NULL;
+    for (int i = 0; i < TCP_MAX_PENDING && p == NULL; i++) {
+        struct tcp_pending *q = &ctx->pending[i];
+        if (!q->used)
+            p = q;
+        else if (oldest == NULL || q->serial < oldest->serial)
+            oldest = q;
+    }
+    if (p == NULL) {
+        pending_drop(ctx, oldest, "too many connections in their handshake");
+        p = oldest;
+    }
+    union weft_sockaddr from;
+    socklen_t len = sizeof(from);
+    if (getpeername(fd, &from.sa, &len) == 0)
+        weft_sock_str(&from, p->from, sizeof(p->from));
+    else
+        snprintf(p->from, sizeof(p->from), "unknown address (fd %d)", fd);
+    uint64_t t = ctx->timeout_ns ? WEFT_MIN(ctx->timeout_ns, TCP_ACCEPT_TIMEOUT_NS)
+                                 : TCP_ACCEPT_TIMEOUT_NS;
+    p->used = true;
+    ctx->npending++;
+    p->serial = ctx->pending_serial++;
+    weft_auth_accept_begin(&p->acc, fd, weft_now_ns() + t);
+    tcp_pending_step(ctx, p);
+}
+
+/* Accepts what waits on the listener and advances every handshake. */
+bool tcp_ctx_service(struct tcp_ctx *ctx)
+{
+    bool moved = false;
+    for (int i = 0; i < TCP_MAX_PENDING; i++)
+        if (ctx->pending[i].used)
+            tcp_pending_step(ctx, &ctx->pending[i]);
+    for (;;) {
+        int fd = -1;
+        if (weft_sock_accept(ctx->lfd, &fd) < 0 || fd < 0)
+            break;
+        moved = true;
+        pending_add(ctx, fd);
+    }
+    return moved;
+}
+
+/* ---- the vtable ----------------------------------------------------------- */
+
+void tcp_finalize(void *vctx);
+
+weft_status_t tcp_init(const struct weft_transport_init *args, void **vctx, void *addr,
+                       size_t *addrlen)
+{
+    if (args == NULL || vctx == NULL || addr == NULL || addrlen == NULL)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "tcp init: NULL argument");
+    *vctx = NULL;
+    if (args->nranks < 1 || args->rank < 0 || args->rank >= args->nranks || args->secret == NULL)
+        return weft_error_quiet(args->comm, WEFT_ERR_INVALID_ARG,
+                                "tcp init: rank %d of %d ranks (secret %s) is not valid",
+                                args->rank, args->nranks, args->secret ? "set" : "NULL");
+    if (*addrlen < sizeof(union weft_sockaddr))
+        return weft_error_quiet(args->comm, WEFT_ERR_INVALID_ARG,
+                                "tcp init: address buffer of %zu bytes, %zu needed", *addrlen,
+                                sizeof(union weft_sockaddr));
+    int64_t nstreams = weft_param_int("WEFT_SOCKET_NSTREAMS");
+    int64_t bufsize = weft_param_int("WEFT_SOCKET_BUFSIZE");
+    if (nstreams < 1 || nstreams > TCP_MAX_STREAMS)
+        return weft_error(args->comm, WEFT_ERR_INVALID_ARG,
+                          "WEFT_SOCKET_NSTREAMS=%lld is out of range (1..%d)",
+                          (long long)nstreams, TCP_MAX_STREAMS);
+    if (bufsize < 0 || bufsize > (1 << 30))
+        return weft_error(args->comm, WEFT_ERR_INVALID_ARG,
+                          "WEFT_SOCKET_BUFSIZE=%lld is out of range (0..1G)", (long long)bufsize);
+
+    struct tcp_ctx *ctx = calloc(1, sizeof(*ctx));
+    if (ctx == NULL)
+        return weft_error(args->comm, WEFT_ERR_NO_MEMORY, "tcp init: out of memory");
+    weft_status_t st;
+    ctx->comm = args->comm;
+    ctx->rank = args->rank;
+    ctx->nranks = args->nranks;
+    ctx->nstreams = (int)nstreams;
+    ctx->bufsize = (int)bufsize;
+    ctx->job = args->job;
+    ctx->timeout_ns = args->timeout_ns;
+    memcpy(ctx->secret, args->secret, WEFT_SECRET_BYTES);
+    ctx->lfd = ctx->efd = -1;
+    ctx->conns = calloc((size_t)args->nranks, sizeof(*ctx->conns));
+    ctx->pcap = 64;
+    ctx->pfd = malloc(ctx->pcap * sizeof(*ctx->pfd));
+    ctx->pst = malloc(ctx->pcap * sizeof(*ctx->pst));
+    ctx->pkind = malloc(ctx->pcap * sizeof(*ctx->pkind));
+    if (!ctx->conns || !ctx->pfd || !ctx->pst || !ctx->pkind) {
+        st = weft_error(args->comm, WEFT_ERR_NO_MEMORY, "tcp init: out of memory");
+        goto fail;
+    }
+    ctx->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (ctx->efd < 0) {
+        st = weft_error(args->comm, weft_errno_status(errno), "tcp init: eventfd: %s",
+                        strerror(errno));
+        goto fail;
+    }
+    ctx->laddr = args->local;
+    st = weft_sock_listen(&ctx->laddr, &ctx->lfd);
+    if (st < 0) {
+        st = weft_error(args->comm, st, "rank %d: tcp transport cannot listen: %s", args->rank,
+                        weft_thread_last_error());
+        goto fail;
+    }
+    /* Accepted sockets inherit the buffer sizes, which must be set before
+     * the handshake so that TCP scales its window for them. */
+    weft_sock_tune(ctx->lfd, ctx->bufsize);
+    memset(addr, 0, *addrlen);
+    memcpy(addr, &ctx->laddr, sizeof(ctx->laddr));
+    *addrlen = sizeof(ctx->laddr);
+    *vctx = ctx;
+    char name[TCP_ADDRSTR_LEN];
+    WEFT_INFO(WEFT_SUB_NET, "rank %d: tcp listening on %s, %d streams per peer, buffers %d",
+              ctx->rank, weft_sock_str(&ctx->laddr, name, sizeof(name)), ctx->nstreams,
+              ctx->bufsize);
+    return WEFT_OK;
+fail:
+    tcp_finalize(ctx);
+    return st;
+}
+
+weft_status_t tcp_connect(void *vctx, int peer, const void *addr, size_t addrlen,
+                          void **vconn)
+{
+    struct tcp_ctx *ctx = vctx;
+    if (ctx == NULL || addr == NULL || vconn == NULL)
+        return weft_error_quiet(ctx ? ctx->comm : NULL, WEFT_ERR_INVALID_ARG,
+                                "tcp connect: NULL argument");
+    if (peer < 0 || peer >= ctx->nranks || peer == ctx->rank)
+        return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
+                                "rank %d: tcp connect to rank %d: not a peer in 0..%d", ctx->rank,
+                                peer, ctx->nranks - 1);
+    union weft_sockaddr a;
+    if (addrlen != sizeof(a))
+        return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
+                                "rank %d: tcp address of rank %d has %zu bytes, expected %zu",
+                                ctx->rank, peer, addrlen, sizeof(a));
+    memcpy(&a, addr, sizeof(a));
+    if (a.sa.sa_family != AF_INET && a.sa.sa_family != AF_INET6)
+        return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
+                                "rank %d: tcp address of rank %d has address family %d",
+                                ctx->rank, peer, (int)a.sa.sa_family);
+    struct tcp_conn *c = tcp_conn_get(ctx, peer);
+    if (c == NULL)
+        return weft_error(ctx->comm, WEFT_ERR_NO_MEMORY, "rank %d: no memory for a connection",
+                          ctx->rank);
+    if (c->have_addr && memcmp(&c->addr, &a, sizeof(a)) != 0)
+        return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
+                                "rank %d: tcp connect to rank %d twice with different addresses",
+                                ctx->rank, peer);
+    c->addr = a;
+    c->have_addr = true;
+    weft_sock_str(&a, c->addrstr, sizeof(c->addrstr));
+    *vconn = c;
+    return WEFT_OK;
+}
+
+void tcp_finalize(void *vctx)
+{
+    struct tcp_ctx *ctx = vctx;
+    if (ctx == NULL)
+        return;
+    for (int i = 0; ctx->conns && i < ctx->nranks; i++) {
+        struct tcp_conn *c = ctx->conns[i];
+        if (c == NULL)
+            continue;
+        for (int s = 0; s < 2 * ctx->nstreams; s++)
+            if (c->streams[s].fd >= 0)
+                close(c->streams[s].fd);
+        free(c);
+    }
+    for (int i = 0; i < TCP_MAX_PENDING; i++)
+        if (ctx->pending[i].used)
+            close(ctx->pending[i].acc.fd);
+    if (ctx->lfd >= 0)
+        close(ctx->lfd);
+    if (ctx->efd >= 0)
+        close(ctx->efd);
+    while (ctx->slabs) {
+        struct tcp_slab *s = ctx->slabs;
+        ctx->slabs = s->next;
+        free(s);
+    }
+    free(ctx->conns);
+    free(ctx->pfd);
+    free(ctx->pst);
+    free(ctx->pkind);
+    free(ctx);
+}
