@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./tools/build.sh
-./build/weftrun -n 4 --no-prefix ./build/all_reduce_perf -b 8 -e 64M -f 4 -d float -o sum -c 1
+./build/weftrun -n 4 --no-prefix ./build/all_reduce_perf -b 4 -e 64M -f 4 -d float -o sum -c 1
