@@ -379,8 +379,14 @@ static weft_status_t stall_error(struct weft_engine *eng)
     size_t o = 0;
     for (size_t k = 0; op && k < op->nposted && o + 40 < sizeof(peers); k++) {
         const struct weft_step *s = &op->s->steps[op->posted[k]];
-        o += (size_t)snprintf(peers + o, sizeof(peers) - o, "%s%s rank %d", o ? ", " : "",
-                              s->kind == WEFT_STEP_SEND ? "send to" : "receive from", s->peer);
+        bool send = s->kind == WEFT_STEP_SEND, seen = false;
+        for (size_t j = 0; j < k && !seen; j++) { /* name each link once */
+            const struct weft_step *t = &op->s->steps[op->posted[j]];
+            seen = t->peer == s->peer && (t->kind == WEFT_STEP_SEND) == send;
+        }
+        if (!seen)
+            o += (size_t)snprintf(peers + o, sizeof(peers) - o, "%s%s rank %d", o ? ", " : "",
+                                  send ? "send to" : "receive from", s->peer);
     }
     return weft_error(comm, WEFT_ERR_TIMEOUT,
                       "rank %d: %s made no progress for %llu ms (WEFT_TIMEOUT_MS); waiting on: %s",
