@@ -43,16 +43,23 @@ static void check_sched(int algo, int coll, int p, int root, size_t count, size_
     cr_assert(ok, "chunk %zu: %s", chunk, err);
 }
 
-/* Ranks pmin..pmax, then 31 and 64 when with_big; slots: see verify. */
-static void ring_matrix(int coll, int pmin, int pmax, bool with_big, int slots)
+/* Fills ps with pmin..pmax, then 31 and 64 when with_big; returns how many. */
+static int rank_counts(int pmin, int pmax, bool with_big, int ps[MAXP])
 {
-    int ps[MAXP], np = 0;
+    int np = 0;
     for (int p = pmin; p <= pmax; p++)
         ps[np++] = p;
     if (with_big) {
         ps[np++] = 31;
         ps[np++] = 64;
     }
+    return np;
+}
+
+/* Ranks pmin..pmax, then 31 and 64 when with_big; slots: see verify. */
+static void ring_matrix(int coll, int pmin, int pmax, bool with_big, int slots)
+{
+    int ps[MAXP], np = rank_counts(pmin, pmax, with_big, ps);
     for (int i = 0; i < np; i++) {
         int p = ps[i];
         /* Allgather and reduce_scatter count per block, the others per
@@ -210,13 +217,7 @@ Test(ring, rebuild_reuses_schedule)
  * slots: see verify. */
 static void rd_matrix(int pmin, int pmax, bool with_big, int slots)
 {
-    int ps[MAXP], np = 0;
-    for (int p = pmin; p <= pmax; p++)
-        ps[np++] = p;
-    if (with_big) {
-        ps[np++] = 31;
-        ps[np++] = 64;
-    }
+    int ps[MAXP], np = rank_counts(pmin, pmax, with_big, ps);
     for (int i = 0; i < np; i++) {
         size_t p = (size_t)ps[i];
         size_t counts[] = { 0, 1, p - 1, p + 1, 1000003, 10 * p + 7, 9 * p + 1 };
@@ -450,53 +451,57 @@ static void drop_recv_dep(struct weft_schedule *sch, int p)
     st->deps[0] = -1;
 }
 
-static void recv_reduce_allgather(struct weft_schedule *sch, int p)
+/* Turns the nth receive of s into a reduction with the partial sum the
+ * rank already holds at that place. */
+static void recv_to_reduce(struct weft_schedule *s, int nth)
 {
-    /* A reduction where the collective has none. */
-    struct weft_step *st = find_step(&sch[2], WEFT_STEP_RECV, 0);
+    struct weft_step *st = find_step(s, WEFT_STEP_RECV, nth);
     st->kind = WEFT_STEP_RECV_REDUCE;
     st->src_buf = WEFT_BUF_RECV;
     st->src_off = st->off;
+}
+
+static void recv_reduce_allgather(struct weft_schedule *sch, int p)
+{
+    /* A reduction where the collective has none. */
+    recv_to_reduce(&sch[2], 0);
 }
 
 static void recv_reduce_twice(struct weft_schedule *sch, int p)
 {
     /* The allreduce's second allgather receive turned into a reduction with
      * the partial sum the rank made there: ranks counted twice. */
-    struct weft_step *st = find_step(&sch[2], WEFT_STEP_RECV, 1);
-    st->kind = WEFT_STEP_RECV_REDUCE;
-    st->src_buf = WEFT_BUF_RECV;
-    st->src_off = st->off;
+    recv_to_reduce(&sch[2], 1);
+}
+
+/* Swaps the destination (or with src, the source) offsets of the first two
+ * steps of kind in s. */
+static void swap_offs(struct weft_schedule *s, int kind, bool src)
+{
+    struct weft_step *a = find_step(s, kind, 0);
+    struct weft_step *b = find_step(s, kind, 1);
+    size_t *x = src ? &a->src_off : &a->off, *y = src ? &b->src_off : &b->off;
+    size_t t = *x;
+    *x = *y;
+    *y = t;
 }
 
 static void swap_recv_dst(struct weft_schedule *sch, int p)
 {
     /* Rank 3 is the end of the chain (root 0, p 4): its receives of chunks
      * 0 and 1 land in each other's place. */
-    struct weft_step *a = find_step(&sch[3], WEFT_STEP_RECV, 0);
-    struct weft_step *b = find_step(&sch[3], WEFT_STEP_RECV, 1);
-    size_t t = a->off;
-    a->off = b->off;
-    b->off = t;
+    swap_offs(&sch[3], WEFT_STEP_RECV, false);
 }
 
 static void swap_reduce_src(struct weft_schedule *sch, int p)
 {
     /* The root combines chunk 1 of its input with chunk 0 arriving. */
-    struct weft_step *a = find_step(&sch[0], WEFT_STEP_RECV_REDUCE, 0);
-    struct weft_step *b = find_step(&sch[0], WEFT_STEP_RECV_REDUCE, 1);
-    size_t t = a->src_off;
-    a->src_off = b->src_off;
-    b->src_off = t;
+    swap_offs(&sch[0], WEFT_STEP_RECV_REDUCE, true);
 }
 
 static void swap_reduce_dst(struct weft_schedule *sch, int p)
 {
-    struct weft_step *a = find_step(&sch[0], WEFT_STEP_RECV_REDUCE, 0);
-    struct weft_step *b = find_step(&sch[0], WEFT_STEP_RECV_REDUCE, 1);
-    size_t t = a->off;
-    a->off = b->off;
-    b->off = t;
+    swap_offs(&sch[0], WEFT_STEP_RECV_REDUCE, false);
 }
 
 static void remove_last(struct weft_schedule *sch, int p)
