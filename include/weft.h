@@ -94,8 +94,11 @@ WEFT_API weft_status_t weft_comm_init_env(weft_comm_t *comm);
 /* Waits for the communicator's pending operations, then frees it.  NULL is
  * accepted. */
 WEFT_API weft_status_t weft_comm_destroy(weft_comm_t comm);
-/* Fails every pending operation with WEFT_ERR_ABORTED, closes connections and
- * frees comm; safe from any state.  NULL is accepted. */
+/* Fails every pending operation with WEFT_ERR_ABORTED (a thread blocked in
+ * a call on comm returns with it), waits for such calls to return, closes
+ * connections and frees comm; safe from any state and any thread.  Requests
+ * still held are void: weft_wait/weft_test on them return
+ * WEFT_ERR_INVALID_ARG.  NULL is accepted. */
 WEFT_API weft_status_t weft_comm_abort(weft_comm_t comm);
 WEFT_API weft_status_t weft_comm_rank(weft_comm_t comm, int *rank);
 WEFT_API weft_status_t weft_comm_size(weft_comm_t comm, int *nranks);

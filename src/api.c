@@ -46,9 +46,6 @@ static bool ranges_overlap(const void *a, size_t alen, const void *b, size_t ble
 /* Checks everything about a call; the message names the function. */
 static weft_status_t check_args(const char *fn, struct weft_comm *comm, struct weft_op_args *a)
 {
-    if (comm == NULL || !weft_comm_valid(comm))
-        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
-                                "%s: invalid communicator (NULL, destroyed or never created)", fn);
     weft_status_t sticky = (weft_status_t)atomic_load(&comm->error);
     if (sticky != WEFT_OK)
         return sticky; /* the message of the first failure stays in last_error */
@@ -96,15 +93,9 @@ static weft_status_t check_args(const char *fn, struct weft_comm *comm, struct w
     return WEFT_OK;
 }
 
-static weft_status_t run(const char *fn, struct weft_comm *comm, struct weft_op_args *a,
-                         weft_request_t *req, bool nonblocking)
+static weft_status_t run_acquired(const char *fn, struct weft_comm *comm,
+                                  struct weft_op_args *a, weft_request_t *req)
 {
-    if (nonblocking && req == NULL) {
-        bool valid = comm != NULL && weft_comm_valid(comm);
-        return weft_error_quiet(valid ? comm : NULL, WEFT_ERR_INVALID_ARG, "%s: req is NULL", fn);
-    }
-    if (req != NULL)
-        *req = NULL;
     WEFT_CHECK(check_args(fn, comm, a));
     struct weft_op *op;
     WEFT_CHECK(weft_engine_op_new(comm, a, &op));
@@ -129,6 +120,21 @@ static weft_status_t run(const char *fn, struct weft_comm *comm, struct weft_op_
     }
     weft_engine_submit(comm, op, false);
     return weft_engine_wait(comm, op);
+}
+
+static weft_status_t run(const char *fn, struct weft_comm *comm, struct weft_op_args *a,
+                         weft_request_t *req, bool nonblocking)
+{
+    if (req != NULL)
+        *req = NULL;
+    if (comm == NULL || !weft_comm_acquire(comm))
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                "%s: invalid communicator (NULL, destroyed or never created)", fn);
+    weft_status_t st = nonblocking && req == NULL
+                           ? weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "%s: req is NULL", fn)
+                           : run_acquired(fn, comm, a, req);
+    weft_comm_release(comm);
+    return st;
 }
 
 #define ARGS(c, s, r, n, t, o, rt)                                                          \
@@ -235,12 +241,30 @@ weft_status_t weft_irecv(void *buf, size_t count, weft_dtype_t dtype, int peer, 
     return run("weft_irecv", comm, &a, req, true);
 }
 
+/* The request's communicator, entered; NULL (with a message) when it was
+ * destroyed or aborted, which also ended the request. */
+static struct weft_comm *req_comm(const char *fn, struct weft_op *op)
+{
+    struct weft_comm *comm = weft_op_comm(op);
+    if (!weft_comm_acquire(comm)) {
+        weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                         "%s: the request's communicator was destroyed or aborted", fn);
+        return NULL;
+    }
+    return comm;
+}
+
 weft_status_t weft_wait(weft_request_t req)
 {
     if (req == NULL)
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_wait: req is NULL");
     struct weft_op *op = (struct weft_op *)req;
-    return weft_engine_wait(weft_op_comm(op), op);
+    struct weft_comm *comm = req_comm("weft_wait", op);
+    if (comm == NULL)
+        return WEFT_ERR_INVALID_ARG;
+    weft_status_t st = weft_engine_wait(comm, op);
+    weft_comm_release(comm);
+    return st;
 }
 
 weft_status_t weft_test(weft_request_t req, int *done)
@@ -249,7 +273,12 @@ weft_status_t weft_test(weft_request_t req, int *done)
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_test: %s is NULL",
                                 req == NULL ? "req" : "done");
     struct weft_op *op = (struct weft_op *)req;
-    return weft_engine_test(weft_op_comm(op), op, done);
+    struct weft_comm *comm = req_comm("weft_test", op);
+    if (comm == NULL)
+        return WEFT_ERR_INVALID_ARG;
+    weft_status_t st = weft_engine_test(comm, op, done);
+    weft_comm_release(comm);
+    return st;
 }
 
 weft_status_t weft_group_start(void)
@@ -269,11 +298,28 @@ weft_status_t weft_group_end(void)
      * receives progress together, so no order of calls can deadlock. */
     size_t n = group_n;
     group_n = 0;
-    for (size_t i = 0; i < n; i++)
-        weft_engine_submit(group_items[i].comm, group_items[i].op, false);
     weft_status_t first = WEFT_OK;
     for (size_t i = 0; i < n; i++) {
-        weft_status_t st = weft_engine_wait(group_items[i].comm, group_items[i].op);
+        struct group_item *g = &group_items[i];
+        if (!weft_comm_acquire(g->comm)) {
+            /* Aborted or destroyed since the call queued it: the op never
+             * reached the engine, so it is ours to free. */
+            weft_engine_op_discard(g->op);
+            g->op = NULL;
+            if (first == WEFT_OK)
+                first = weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                         "weft_group_end: a communicator of the group was "
+                                         "destroyed or aborted before the group ended");
+            continue;
+        }
+        weft_engine_submit(g->comm, g->op, false);
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct group_item *g = &group_items[i];
+        if (g->op == NULL)
+            continue;
+        weft_status_t st = weft_engine_wait(g->comm, g->op);
+        weft_comm_release(g->comm);
         if (first == WEFT_OK && st != WEFT_OK)
             first = st;
     }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bootstrap.h"
@@ -59,6 +60,34 @@ static bool reg_remove(struct weft_comm *c)
         }
     pthread_mutex_unlock(&reg_mu);
     return found;
+}
+
+bool weft_comm_acquire(struct weft_comm *c)
+{
+    bool found = false;
+    pthread_mutex_lock(&reg_mu);
+    for (size_t i = 0; i < reg_n && !found; i++)
+        found = reg[i] == c;
+    if (found)
+        atomic_fetch_add(&c->users, 1);
+    pthread_mutex_unlock(&reg_mu);
+    return found;
+}
+
+void weft_comm_release(struct weft_comm *c)
+{
+    atomic_fetch_sub(&c->users, 1);
+}
+
+/* After the comm left the registry: waits for the threads still inside a
+ * call on it (their operations have finished or failed) to return. */
+static void wait_users(struct weft_comm *c)
+{
+    while (atomic_load(&c->users) > 0) {
+        c->tops->wakeup(c->tctx);
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
 }
 
 bool weft_comm_valid(struct weft_comm *c)
@@ -318,6 +347,7 @@ weft_status_t weft_comm_destroy(weft_comm_t comm)
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
                                 "weft_comm_destroy: not a live communicator (destroyed twice?)");
     weft_status_t st = weft_engine_drain(comm);
+    wait_users(comm);
     comm_free(comm);
     return st;
 }
@@ -331,6 +361,7 @@ weft_status_t weft_comm_abort(weft_comm_t comm)
                                 "weft_comm_abort: not a live communicator");
     weft_error_quiet(comm, WEFT_ERR_ABORTED, "rank %d: communicator aborted", comm->rank);
     weft_engine_abort(comm, WEFT_ERR_ABORTED);
+    wait_users(comm);
     comm_free(comm);
     return WEFT_OK;
 }

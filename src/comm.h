@@ -37,6 +37,7 @@ struct weft_comm {
     struct weft_engine *eng;
     _Atomic int error;                 /* sticky weft_status_t */
     _Atomic int aborting;              /* weft_comm_abort in progress */
+    _Atomic int users;                 /* threads inside an API call on it */
     pthread_mutex_t err_mu;
     char last_error[WEFT_ERRMSG_LEN];  /* guarded by err_mu */
 };
@@ -46,6 +47,10 @@ void weft_comm_record_error(struct weft_comm *comm, const char *msg) WEFT_HIDDEN
 /* Makes status the sticky error of comm if it has none yet; returns the
  * sticky error. */
 weft_status_t weft_comm_fail(struct weft_comm *comm, weft_status_t status) WEFT_HIDDEN;
+/* Enters an API call: true (and counted in comm->users) only while comm is
+ * live, so destroy/abort can wait for every caller to leave before freeing. */
+bool weft_comm_acquire(struct weft_comm *comm) WEFT_HIDDEN;
+void weft_comm_release(struct weft_comm *comm) WEFT_HIDDEN;
 /* True when comm is a live communicator (created and not yet destroyed). */
 bool weft_comm_valid(struct weft_comm *comm) WEFT_HIDDEN;
 const char *weft_thread_last_error(void) WEFT_HIDDEN;

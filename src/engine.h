@@ -46,6 +46,8 @@ void weft_engine_submit(struct weft_comm *comm, struct weft_op *op, bool backgro
 weft_status_t weft_engine_wait(struct weft_comm *comm, struct weft_op *op) WEFT_HIDDEN;
 /* *done = 1: op finished and was freed, the return value is its status. */
 weft_status_t weft_engine_test(struct weft_comm *comm, struct weft_op *op, int *done) WEFT_HIDDEN;
+/* Frees an op that was never submitted, when its engine is already gone. */
+void weft_engine_op_discard(struct weft_op *op) WEFT_HIDDEN;
 /* Frees an op that was never submitted. */
 void weft_engine_op_free(struct weft_comm *comm, struct weft_op *op) WEFT_HIDDEN;
 /* Waits until every submitted op has finished. */

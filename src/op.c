@@ -251,6 +251,11 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
     return WEFT_OK;
 }
 
+void weft_engine_op_discard(struct weft_op *op)
+{
+    op_release(op);
+}
+
 void weft_engine_op_free(struct weft_comm *comm, struct weft_op *op)
 {
     struct weft_engine *eng = comm->eng;

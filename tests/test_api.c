@@ -8,6 +8,7 @@
  * needed.
  */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -759,4 +760,58 @@ Test(harness, reports_hangs_exits_and_signals, .timeout = 30)
 
     cr_assert_eq(weft_test_job_start_proc(&job, 4, harness_proc, "none"), 0);
     cr_expect_eq(weft_test_job_wait(&job, 10), 0, "a job of healthy ranks failed");
+}
+
+/* weft_comm_abort from another thread ends a blocking allreduce that waits
+ * for a peer who never calls it, fails the request in flight, returns at
+ * once, and the handle is refused afterwards. */
+static weft_comm_t abort_target;
+static void *abort_later(void *arg)
+{
+    usleep(300 * 1000);
+    *(weft_status_t *)arg = weft_comm_abort(abort_target);
+    return NULL;
+}
+
+static int abort_proc(int rank, int nranks, const weft_unique_id_t *id, void *arg)
+{
+    if (weft_test_child_init(&abort_target, nranks, id, rank) != 0)
+        return 1;
+    if (rank == 1) {
+        sleep(2); /* never joins the collective */
+        return 0;
+    }
+    static float a[1 << 18], b[1 << 18];
+    weft_status_t aborted = WEFT_ERR_INTERNAL;
+    pthread_t th;
+    if (pthread_create(&th, NULL, abort_later, &aborted) != 0)
+        return weft_test_fail(rank, "pthread_create failed");
+    weft_request_t req;
+    int fails = 0;
+    fails += weft_test_expect_status(rank, abort_target, "iallreduce",
+                                     weft_iallreduce(a, b, 1 << 18, WEFT_FLOAT32, WEFT_SUM,
+                                                     abort_target, &req), WEFT_OK);
+    uint64_t t0 = weft_now_ns();
+    weft_status_t st = weft_allreduce(a, b, 1 << 18, WEFT_FLOAT32, WEFT_SUM, abort_target);
+    double ms = (double)(weft_now_ns() - t0) / 1e6;
+    pthread_join(th, NULL);
+    if (st != WEFT_ERR_ABORTED)
+        fails += weft_test_fail(rank, "blocking allreduce returned %s, expected aborted",
+                                weft_status_string(st));
+    if (ms > 1500)
+        fails += weft_test_fail(rank, "allreduce took %.0f ms to notice the abort", ms);
+    if (aborted != WEFT_OK)
+        fails += weft_test_fail(rank, "weft_comm_abort returned %s", weft_status_string(aborted));
+    if (weft_wait(req) != WEFT_ERR_INVALID_ARG)
+        fails += weft_test_fail(rank, "weft_wait on a request of an aborted comm did not refuse");
+    if (weft_allreduce(a, b, 1, WEFT_FLOAT32, WEFT_SUM, abort_target) != WEFT_ERR_INVALID_ARG)
+        fails += weft_test_fail(rank, "an aborted communicator was accepted");
+    return fails != 0;
+}
+
+Test(api, abort_from_another_thread, .timeout = 30)
+{
+    struct weft_test_job job;
+    cr_assert_eq(weft_test_job_start_proc(&job, 2, abort_proc, NULL), 0);
+    cr_assert_eq(weft_test_job_wait(&job, 20), 0, "abort did not end the operations cleanly");
 }
