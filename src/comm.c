@@ -48,26 +48,30 @@ static bool reg_add(struct weft_comm *c)
     return true;
 }
 
+/* Index of c in the registry, or reg_n when it is not there; reg_mu held. */
+static size_t reg_find_locked(const struct weft_comm *c)
+{
+    size_t i = 0;
+    while (i < reg_n && reg[i] != c)
+        i++;
+    return i;
+}
+
 static bool reg_remove(struct weft_comm *c)
 {
-    bool found = false;
     pthread_mutex_lock(&reg_mu);
-    for (size_t i = 0; i < reg_n; i++)
-        if (reg[i] == c) {
-            reg[i] = reg[--reg_n];
-            found = true;
-            break;
-        }
+    size_t i = reg_find_locked(c);
+    bool found = i < reg_n;
+    if (found)
+        reg[i] = reg[--reg_n];
     pthread_mutex_unlock(&reg_mu);
     return found;
 }
 
 bool weft_comm_acquire(struct weft_comm *c)
 {
-    bool found = false;
     pthread_mutex_lock(&reg_mu);
-    for (size_t i = 0; i < reg_n && !found; i++)
-        found = reg[i] == c;
+    bool found = reg_find_locked(c) < reg_n;
     if (found)
         atomic_fetch_add(&c->users, 1);
     pthread_mutex_unlock(&reg_mu);
@@ -92,10 +96,8 @@ static void wait_users(struct weft_comm *c)
 
 bool weft_comm_valid(struct weft_comm *c)
 {
-    bool found = false;
     pthread_mutex_lock(&reg_mu);
-    for (size_t i = 0; i < reg_n && !found; i++)
-        found = reg[i] == c;
+    bool found = reg_find_locked(c) < reg_n;
     pthread_mutex_unlock(&reg_mu);
     return found;
 }

@@ -120,6 +120,18 @@ static weft_status_t start_op(struct weft_engine *eng, struct weft_op *op)
     return WEFT_OK;
 }
 
+/* buf = src op got (got op src with RECV_FIRST); the FINAL step of an AVG
+ * divides. */
+static void combine(struct weft_engine *eng, struct weft_op *op, const struct weft_step *s,
+                    const char *got)
+{
+    int divisor = (s->flags & WEFT_STEP_FINAL) && op->a.op == WEFT_AVG ? eng->comm->nranks : 0;
+    const char *mine = step_ptr(op, s->src_buf, s->src_off);
+    bool swap = s->flags & WEFT_STEP_RECV_FIRST;
+    weft_reduce_local(step_ptr(op, s->buf, s->off), swap ? got : mine, swap ? mine : got, s->count,
+                      op->a.dtype, op->a.op, divisor);
+}
+
 static weft_status_t selfq_push(struct weft_engine *eng, struct weft_op *op, uint32_t i)
 {
     if (eng->selfq_n == eng->selfq_cap) {
@@ -161,8 +173,7 @@ static weft_status_t post_self(struct weft_engine *eng, struct weft_op *op, uint
                           eng->comm->rank, sent, bytes);
     const char *src = step_ptr(snd.op, ss->buf, ss->off);
     if (s->kind == WEFT_STEP_RECV_REDUCE)
-        weft_reduce_local(step_ptr(op, s->buf, s->off), step_ptr(op, s->src_buf, s->src_off), src,
-                          s->count, op->a.dtype, op->a.op, 0);
+        combine(eng, op, s, src);
     else
         memcpy(step_ptr(op, s->buf, s->off), src, bytes);
     snd.op->st[snd.step] = ST_DONE;
@@ -269,12 +280,7 @@ static void reduce_landed(struct weft_engine *eng, struct weft_op *op, const str
                           uint32_t i)
 {
     int32_t slot = op->slot[i];
-    int divisor = (s->flags & WEFT_STEP_FINAL) && op->a.op == WEFT_AVG ? eng->comm->nranks : 0;
-    const char *mine = step_ptr(op, s->src_buf, s->src_off);
-    const char *got = eng->staging + (size_t)slot * eng->chunk_bytes;
-    bool swap = s->flags & WEFT_STEP_RECV_FIRST;
-    weft_reduce_local(step_ptr(op, s->buf, s->off), swap ? got : mine, swap ? mine : got, s->count,
-                      op->a.dtype, op->a.op, divisor);
+    combine(eng, op, s, eng->staging + (size_t)slot * eng->chunk_bytes);
     eng->free_slots[eng->nfree_slots++] = slot;
     op->st[i] = ST_DONE;
     op->ndone++;
