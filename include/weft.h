@@ -100,6 +100,19 @@ WEFT_API weft_status_t weft_comm_destroy(weft_comm_t comm);
  * still held are void: weft_wait/weft_test on them return
  * WEFT_ERR_INVALID_ARG.  NULL is accepted. */
 WEFT_API weft_status_t weft_comm_abort(weft_comm_t comm);
+/* Collective over comm (every rank calls it, in the same order as other
+ * calls that make communicators): ranks passing the same color form
+ * *newcomm, ranked by (key, rank in comm).  A negative color
+ * (WEFT_SPLIT_NOCOLOR) takes part and gets *newcomm = NULL.  comm stays
+ * usable; the two are independent. */
+#define WEFT_SPLIT_NOCOLOR (-1)
+WEFT_API weft_status_t weft_comm_split(weft_comm_t comm, int color, int key, weft_comm_t *newcomm);
+/* Called by every rank of comm that is not in excluded[0..nexcluded-1]
+ * (the excluded ranks do not call it): they form *newcomm, keeping their
+ * order.  Only the links between those ranks are used.  comm stays as it
+ * was and is still destroyed by its owner. */
+WEFT_API weft_status_t weft_comm_shrink(weft_comm_t comm, const int *excluded, int nexcluded,
+                                        weft_comm_t *newcomm);
 WEFT_API weft_status_t weft_comm_rank(weft_comm_t comm, int *rank);
 WEFT_API weft_status_t weft_comm_size(weft_comm_t comm, int *nranks);
 /* The sticky error of comm: WEFT_OK while it is healthy. */

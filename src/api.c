@@ -299,6 +299,12 @@ weft_status_t weft_group_end(void)
     size_t n = group_n;
     group_n = 0;
     weft_status_t first = WEFT_OK;
+    /* One thread can drive one engine at a time: when the group spans
+     * several communicators (several ranks of one process, as with
+     * ncclCommInitAll), their progress threads drive them all at once. */
+    bool background = false;
+    for (size_t i = 1; i < n && !background; i++)
+        background = group_items[i].comm != group_items[0].comm;
     for (size_t i = 0; i < n; i++) {
         struct group_item *g = &group_items[i];
         if (!weft_comm_acquire(g->comm)) {
@@ -312,7 +318,7 @@ weft_status_t weft_group_end(void)
                                          "destroyed or aborted before the group ended");
             continue;
         }
-        weft_engine_submit(g->comm, g->op, false);
+        weft_engine_submit(g->comm, g->op, background);
     }
     for (size_t i = 0; i < n; i++) {
         struct group_item *g = &group_items[i];

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,9 +46,9 @@ static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static uint32_t get32(const uint8_t *p) { uint32_t v = 0; for (int i = 3; i >= 0; i--) v = v << 8 | p[i]; return v; }
 static uint64_t get64(const uint8_t *p) { uint64_t v = 0; for (int i = 7; i >= 0; i--) v = v << 8 | p[i]; return v; }
 
-weft_status_t weft_uid_make(weft_unique_id_t *id, const union weft_sockaddr *root,
-                            const uint8_t *secret)
+weft_status_t weft_uid_encode(weft_unique_id_t *id, const struct weft_uid *uid)
 {
+    const union weft_sockaddr *root = &uid->root;
     uint8_t *p = (uint8_t *)id->internal;
     memset(id, 0, sizeof(*id));
     put32(p, UID_MAGIC);
@@ -64,13 +65,44 @@ weft_status_t weft_uid_make(weft_unique_id_t *id, const union weft_sockaddr *roo
         return weft_error(NULL, WEFT_ERR_INVALID_ARG, "unique id: address family %d unsupported",
                           root->sa.sa_family);
     }
+    memcpy(p + 32, uid->secret, WEFT_SECRET_BYTES);
+    put64(p + 48, uid->job);
+    return WEFT_OK;
+}
+
+weft_status_t weft_uid_make(weft_unique_id_t *id, const union weft_sockaddr *root,
+                            const uint8_t *secret)
+{
+    struct weft_uid uid = {.root = *root};
     if (secret)
-        memcpy(p + 32, secret, WEFT_SECRET_BYTES);
+        memcpy(uid.secret, secret, WEFT_SECRET_BYTES);
     else
-        WEFT_CHECK(weft_random_bytes(p + 32, WEFT_SECRET_BYTES));
-    uint8_t job[8];
-    WEFT_CHECK(weft_random_bytes(job, sizeof(job)));
-    put64(p + 48, get64(job));
+        WEFT_CHECK(weft_random_bytes(uid.secret, WEFT_SECRET_BYTES));
+    WEFT_CHECK(weft_random_bytes(&uid.job, sizeof(uid.job)));
+    return weft_uid_encode(id, &uid);
+}
+
+weft_status_t weft_uid_from_root(const char *root, struct weft_uid *out)
+{
+    memset(out, 0, sizeof(*out));
+    WEFT_CHECK(weft_sock_parse(root, &out->root));
+    const char *secret = weft_param_str("WEFT_SECRET");
+    static _Atomic int warned;
+    if (*secret == '\0' && !atomic_exchange(&warned, 1))
+        WEFT_WARN(WEFT_SUB_INIT, "%s=%s without WEFT_SECRET: this job is unauthenticated; anyone "
+                                 "who can reach %s can join it",
+                  weft_param_source("WEFT_ROOT") ? weft_param_source("WEFT_ROOT") : "root", root,
+                  root);
+    uint8_t digest[32];
+    weft_sha256(secret, strlen(secret), digest);
+    memcpy(out->secret, digest, sizeof(out->secret));
+    /* The job number is derived so every rank agrees without talking. */
+    char jobsrc[160];
+    int n = snprintf(jobsrc, sizeof(jobsrc), "weft-job|%s|", root);
+    n = WEFT_MIN(n, (int)sizeof(jobsrc) - 16);
+    memcpy(jobsrc + n, digest, 16);
+    weft_sha256(jobsrc, (size_t)n + 16, digest);
+    memcpy(&out->job, digest, sizeof(out->job));
     return WEFT_OK;
 }
 
@@ -160,11 +192,35 @@ int weft_uid_take_listener(uint64_t job)
     return fd;
 }
 
+void weft_uid_hold_listener(uint64_t job, int fd)
+{
+    pthread_mutex_lock(&held_mu);
+    size_t slot = 0;
+    for (size_t i = 0; i < WEFT_ARRAY_SIZE(held); i++)
+        if (held[i].fd <= 0) {
+            slot = i;
+            break;
+        } else if (i == WEFT_ARRAY_SIZE(held) - 1) {
+            close(held[0].fd); /* the oldest unused id loses its listener */
+        }
+    held[slot].job = job;
+    held[slot].fd = fd;
+    pthread_mutex_unlock(&held_mu);
+}
+
 weft_status_t weft_get_unique_id(weft_unique_id_t *id)
 {
     weft_log_init();
     if (id == NULL)
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_get_unique_id: id is NULL");
+    const char *root = weft_param_str("WEFT_ROOT");
+    if (*root) {
+        /* A fixed rendezvous: every process that asks gets the same id, and
+         * rank 0 binds the address at init. */
+        struct weft_uid uid;
+        WEFT_CHECK(weft_uid_from_root(root, &uid));
+        return weft_uid_encode(id, &uid);
+    }
     union weft_sockaddr addr;
     char ifname[64];
     WEFT_CHECK(weft_sock_pick_iface(NULL, &addr, ifname, sizeof(ifname)));
@@ -178,18 +234,7 @@ weft_status_t weft_get_unique_id(weft_unique_id_t *id)
         close(fd);
         return st;
     }
-    pthread_mutex_lock(&held_mu);
-    size_t slot = 0;
-    for (size_t i = 0; i < WEFT_ARRAY_SIZE(held); i++)
-        if (held[i].fd <= 0) {
-            slot = i;
-            break;
-        } else if (i == WEFT_ARRAY_SIZE(held) - 1) {
-            close(held[0].fd); /* the oldest unused id loses its listener */
-        }
-    held[slot].job = uid.job;
-    held[slot].fd = fd;
-    pthread_mutex_unlock(&held_mu);
+    weft_uid_hold_listener(uid.job, fd);
     char buf[96];
     WEFT_INFO(WEFT_SUB_BOOT, "unique id: root %s on %s", weft_sock_str(&addr, buf, sizeof(buf)),
               ifname);

@@ -27,6 +27,11 @@ struct weft_uid {
 /* Builds an id for root; secret NULL draws a random one. */
 weft_status_t weft_uid_make(weft_unique_id_t *id, const union weft_sockaddr *root,
                             const uint8_t *secret) WEFT_HIDDEN;
+weft_status_t weft_uid_encode(weft_unique_id_t *id, const struct weft_uid *uid) WEFT_HIDDEN;
+/* The id of a fixed rendezvous at root ("host:port", WEFT_ROOT or its
+ * alias NCCL_COMM_ID) with the secret hashed from WEFT_SECRET: the same in
+ * every process that asks.  Warns once when there is no secret. */
+weft_status_t weft_uid_from_root(const char *root, struct weft_uid *out) WEFT_HIDDEN;
 weft_status_t weft_uid_parse(const weft_unique_id_t *id, struct weft_uid *out) WEFT_HIDDEN;
 /* 2 * WEFT_UNIQUE_ID_BYTES hex digits + NUL. */
 #define WEFT_UID_HEX_LEN (2 * WEFT_UNIQUE_ID_BYTES + 1)
@@ -36,6 +41,9 @@ weft_status_t weft_uid_from_hex(const char *hex, weft_unique_id_t *id) WEFT_HIDD
 /* weft_get_unique_id keeps the listener it opened for the id's job; rank 0
  * of that job takes it over here.  Returns the fd, or -1 when none is held. */
 int weft_uid_take_listener(uint64_t job) WEFT_HIDDEN;
+/* Keeps fd as the listener of job until its rank 0 takes it (the oldest
+ * held listener is closed when the table is full). */
+void weft_uid_hold_listener(uint64_t job, int fd) WEFT_HIDDEN;
 
 struct weft_bootstrap;
 /* Rendezvous: every rank contributes info_len bytes and gets all ranks'

@@ -150,9 +150,8 @@ static void comm_free(struct weft_comm *comm)
     free(comm);
 }
 
-/* The whole init once the id is known; rank and nranks are checked. */
-static weft_status_t comm_create(struct weft_comm **out, int nranks, const struct weft_uid *uid,
-                                 int rank)
+weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct weft_uid *uid,
+                               int rank)
 {
     weft_status_t st;
     struct rank_info *all = NULL;
@@ -249,7 +248,7 @@ weft_status_t weft_comm_init(weft_comm_t *out, int nranks, weft_unique_id_t id, 
     weft_status_t st = weft_uid_parse(&id, &uid);
     if (st != WEFT_OK)
         return weft_error_quiet(NULL, st, "weft_comm_init: %s", weft_thread_last_error());
-    return comm_create(out, nranks, &uid, rank);
+    return weft_comm_create(out, nranks, &uid, rank);
 }
 
 /* First of the variables that is set; strict decimal. */
@@ -308,37 +307,18 @@ weft_status_t weft_comm_init_env(weft_comm_t *out)
     weft_unique_id_t id;
     struct weft_uid uid;
     const char *hex = getenv("WEFT_UNIQUE_ID");
-    const char *root = getenv("WEFT_ROOT");
+    const char *root = weft_param_str("WEFT_ROOT");
     if (hex && *hex) {
         WEFT_CHECK(weft_uid_from_hex(hex, &id));
         WEFT_CHECK(weft_uid_parse(&id, &uid));
-    } else if (root && *root) {
-        memset(&uid, 0, sizeof(uid));
-        WEFT_CHECK(weft_sock_parse(root, &uid.root));
-        const char *secret = getenv("WEFT_SECRET");
-        uint8_t digest[32];
-        static _Atomic int warned;
-        if (secret == NULL || *secret == '\0') {
-            secret = "";
-            if (rank == 0 && !atomic_exchange(&warned, 1))
-                WEFT_WARN(WEFT_SUB_INIT, "WEFT_ROOT without WEFT_SECRET: this job is "
-                                         "unauthenticated; anyone who can reach %s can join it",
-                          root);
-        }
-        weft_sha256(secret, strlen(secret), digest);
-        memcpy(uid.secret, digest, sizeof(uid.secret));
-        /* The job number is derived so every rank agrees without talking. */
-        char jobsrc[160];
-        int n = snprintf(jobsrc, sizeof(jobsrc), "weft-job|%s|%d|", root, nranks);
-        memcpy(jobsrc + n, digest, 16);
-        weft_sha256(jobsrc, (size_t)n + 16, digest);
-        memcpy(&uid.job, digest, sizeof(uid.job));
+    } else if (*root) {
+        WEFT_CHECK(weft_uid_from_root(root, &uid));
     } else {
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
                                 "weft_comm_init_env: no rendezvous in the environment: set "
                                 "WEFT_UNIQUE_ID (weftrun does) or WEFT_ROOT=host:port");
     }
-    return comm_create(out, nranks, &uid, rank);
+    return weft_comm_create(out, nranks, &uid, rank);
 }
 
 weft_status_t weft_comm_destroy(weft_comm_t comm)

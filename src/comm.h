@@ -38,10 +38,15 @@ struct weft_comm {
     _Atomic int error;                 /* sticky weft_status_t */
     _Atomic int aborting;              /* weft_comm_abort in progress */
     _Atomic int users;                 /* threads inside an API call on it */
+    uint32_t nchildren;                /* split/shrink calls so far (all ranks agree) */
     pthread_mutex_t err_mu;
     char last_error[WEFT_ERRMSG_LEN];  /* guarded by err_mu */
 };
 
+struct weft_uid;
+/* The whole init once the id is known; rank and nranks are checked. */
+weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct weft_uid *uid,
+                               int rank) WEFT_HIDDEN;
 /* Stores msg as comm's last error (thread-safe). */
 void weft_comm_record_error(struct weft_comm *comm, const char *msg) WEFT_HIDDEN;
 /* Makes status the sticky error of comm if it has none yet; returns the

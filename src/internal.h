@@ -92,7 +92,11 @@ struct weft_param_desc {
     const char *type; /* "int" or "str" */
     const char *dflt;
     const char *doc;
+    const char *alias; /* NCCL's name for it, read when ours is unset, or NULL */
 };
+/* The environment variable that gave name its value (name itself or its
+ * NCCL alias), or NULL when it has the default. */
+const char *weft_param_source(const char *name) WEFT_HIDDEN;
 /* The table, for weft-info --params and the README. */
 const struct weft_param_desc *weft_param_table(size_t *n) WEFT_HIDDEN;
 /* A list in NCCL's syntax, "a,b" or "^a,b" (exclude), matched without case

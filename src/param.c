@@ -13,28 +13,29 @@
 #include "internal.h"
 
 static const struct weft_param_desc table[] = {
-    {"WEFT_DEBUG", "str", "WARN", "log level: NONE, WARN, INFO or TRACE"},
-    {"WEFT_DEBUG_SUBSYS", "str", "ALL", "log subsystems: INIT,NET,COLL,BOOT,ENV,ALL (^ excludes)"},
-    {"WEFT_DEBUG_FILE", "str", "", "log to this file instead of stderr (%h host, %p pid)"},
+    {"WEFT_DEBUG", "str", "WARN", "log level: NONE, WARN, INFO or TRACE", "NCCL_DEBUG"},
+    {"WEFT_DEBUG_SUBSYS", "str", "ALL", "log subsystems: INIT,NET,COLL,BOOT,ENV,ALL (^ excludes)", "NCCL_DEBUG_SUBSYS"},
+    {"WEFT_DEBUG_FILE", "str", "", "log to this file instead of stderr (%h host, %p pid)", "NCCL_DEBUG_FILE"},
     {"WEFT_TIMEOUT_MS", "int", "300000",
-     "deadline for init and for any operation that makes no progress"},
+     "deadline for init and for any operation that makes no progress", NULL},
     {"WEFT_SOCKET_IFNAME", "str", "",
-     "interfaces to use (NCCL syntax: eth,ib prefixes; ^ excludes; = exact)"},
-    {"WEFT_SOCKET_NSTREAMS", "int", "1", "TCP connections per peer and direction (1-16)"},
-    {"WEFT_SOCKET_BUFSIZE", "int", "4194304", "TCP socket send/receive buffer bytes (0: kernel's)"},
-    {"WEFT_CHUNK_SIZE", "int", "524288", "bytes one pipelined step carries"},
-    {"WEFT_STAGING_SLOTS", "int", "16", "receive-reduce chunks in flight per communicator"},
+     "interfaces to use (NCCL syntax: eth,ib prefixes; ^ excludes; = exact)", "NCCL_SOCKET_IFNAME"},
+    {"WEFT_SOCKET_NSTREAMS", "int", "1", "TCP connections per peer and direction (1-16)", NULL},
+    {"WEFT_SOCKET_BUFSIZE", "int", "4194304", "TCP socket send/receive buffer bytes (0: kernel's)", NULL},
+    {"WEFT_CHUNK_SIZE", "int", "524288", "bytes one pipelined step carries", NULL},
+    {"WEFT_STAGING_SLOTS", "int", "16", "receive-reduce chunks in flight per communicator", NULL},
     {"WEFT_SPIN_US", "int", "-1",
-     "microseconds to poll busily before sleeping (-1: 40, or 1000 yielding the core when this host has more ranks than cores)"},
-    {"WEFT_ALGO", "str", "", "algorithms allowed (NCCL_ALGO syntax): ring, rd (recursive doubling allreduce), ^rd"},
-    {"WEFT_UNIQUE_ID", "str", "", "weft_comm_init_env: the unique id in hex (set by weftrun)"},
-    {"WEFT_ROOT", "str", "", "weft_comm_init_env: host:port where rank 0 listens (torchrun style)"},
-    {"WEFT_SECRET", "str", "", "weft_comm_init_env with WEFT_ROOT: shared job secret"},
-    {"WEFT_RANK", "str", "", "weft_comm_init_env: this process's rank"},
-    {"WEFT_NRANKS", "str", "", "weft_comm_init_env: number of ranks"},
+     "microseconds to poll busily before sleeping (-1: 40, or 1000 yielding the core when this host has more ranks than cores)", NULL},
+    {"WEFT_ALGO", "str", "", "algorithms allowed (NCCL_ALGO syntax): ring, rd (recursive doubling allreduce), ^rd", "NCCL_ALGO"},
+    {"WEFT_UNIQUE_ID", "str", "", "weft_comm_init_env: the unique id in hex (set by weftrun)", NULL},
+    {"WEFT_ROOT", "str", "", "host:port where rank 0 listens: weft_comm_init_env, and weft_get_unique_id then returns the same id everywhere (torchrun style)", "NCCL_COMM_ID"},
+    {"WEFT_SECRET", "str", "", "weft_comm_init_env with WEFT_ROOT: shared job secret", NULL},
+    {"WEFT_RANK", "str", "", "weft_comm_init_env: this process's rank", NULL},
+    {"WEFT_NRANKS", "str", "", "weft_comm_init_env: number of ranks", NULL},
 };
 
 static char *values[WEFT_ARRAY_SIZE(table)];
+static const char *sources[WEFT_ARRAY_SIZE(table)]; /* the variable that set it, or NULL */
 static int64_t ints[WEFT_ARRAY_SIZE(table)];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
@@ -94,13 +95,17 @@ static void load(void)
 {
     for (size_t i = 0; i < WEFT_ARRAY_SIZE(table); i++) {
         const char *env = getenv(table[i].name);
+        sources[i] = env ? table[i].name : NULL;
+        /* NCCL's name counts only when weft's own is unset. */
+        if (env == NULL && table[i].alias && (env = getenv(table[i].alias)) != NULL)
+            sources[i] = table[i].alias;
         values[i] = strdup(env ? env : table[i].dflt);
         if (strcmp(table[i].type, "int") != 0)
             continue;
         if (!weft_parse_size(values[i], &ints[i])) {
             /* A bad value must not silently become 0: warn and keep the default. */
             fprintf(stderr, "weft: %s=\"%s\" is not a number; using the default %s\n",
-                    table[i].name, values[i], table[i].dflt);
+                    sources[i], values[i], table[i].dflt);
             weft_parse_size(table[i].dflt, &ints[i]);
         }
     }
@@ -126,6 +131,12 @@ const char *weft_param_str(const char *name)
 {
     size_t i = find(name);
     return i < WEFT_ARRAY_SIZE(table) && values[i] ? values[i] : "";
+}
+
+const char *weft_param_source(const char *name)
+{
+    size_t i = find(name);
+    return i < WEFT_ARRAY_SIZE(table) ? sources[i] : NULL;
 }
 
 const struct weft_param_desc *weft_param_table(size_t *n)

@@ -19,12 +19,14 @@ static void params(bool markdown)
     if (markdown) {
         printf("| variable | default | meaning |\n|---|---|---|\n");
         for (size_t i = 0; i < n; i++)
-            printf("| `%s` | %s%s%s | %s |\n", t[i].name, *t[i].dflt ? "`" : "",
+            printf("| `%s`%s%s%s | %s%s%s | %s |\n", t[i].name, t[i].alias ? " (`" : "",
+                   t[i].alias ? t[i].alias : "", t[i].alias ? "`)" : "", *t[i].dflt ? "`" : "",
                    *t[i].dflt ? t[i].dflt : "(unset)", *t[i].dflt ? "`" : "", t[i].doc);
         return;
     }
     for (size_t i = 0; i < n; i++) {
-        const char *env = getenv(t[i].name);
+        const char *src = weft_param_source(t[i].name);
+        const char *env = src ? getenv(src) : NULL;
         printf("%-22s default %-10s now %-10s %s\n", t[i].name, *t[i].dflt ? t[i].dflt : "\"\"",
                env ? env : "(default)", t[i].doc);
     }
