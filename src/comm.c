@@ -26,56 +26,16 @@ struct rank_info {
 };
 
 /* Live communicators, so that a destroyed handle is refused, not used. */
-static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct weft_comm **reg;
-static size_t reg_n, reg_cap;
+static struct weft_registry reg = WEFT_REGISTRY_INIT;
 
-static bool reg_add(struct weft_comm *c)
+static void count_user(const void *c)
 {
-    pthread_mutex_lock(&reg_mu);
-    if (reg_n == reg_cap) {
-        size_t cap = reg_cap ? 2 * reg_cap : 16;
-        struct weft_comm **n = realloc(reg, cap * sizeof(*n));
-        if (n == NULL) {
-            pthread_mutex_unlock(&reg_mu);
-            return false;
-        }
-        reg = n;
-        reg_cap = cap;
-    }
-    reg[reg_n++] = c;
-    pthread_mutex_unlock(&reg_mu);
-    return true;
-}
-
-/* Index of c in the registry, or reg_n when it is not there; reg_mu held. */
-static size_t reg_find_locked(const struct weft_comm *c)
-{
-    size_t i = 0;
-    while (i < reg_n && reg[i] != c)
-        i++;
-    return i;
-}
-
-static bool reg_remove(struct weft_comm *c)
-{
-    pthread_mutex_lock(&reg_mu);
-    size_t i = reg_find_locked(c);
-    bool found = i < reg_n;
-    if (found)
-        reg[i] = reg[--reg_n];
-    pthread_mutex_unlock(&reg_mu);
-    return found;
+    atomic_fetch_add(&((struct weft_comm *)c)->users, 1);
 }
 
 bool weft_comm_acquire(struct weft_comm *c)
 {
-    pthread_mutex_lock(&reg_mu);
-    bool found = reg_find_locked(c) < reg_n;
-    if (found)
-        atomic_fetch_add(&c->users, 1);
-    pthread_mutex_unlock(&reg_mu);
-    return found;
+    return weft_registry_find(&reg, c, count_user);
 }
 
 void weft_comm_release(struct weft_comm *c)
@@ -96,10 +56,7 @@ static void wait_users(struct weft_comm *c)
 
 bool weft_comm_valid(struct weft_comm *c)
 {
-    pthread_mutex_lock(&reg_mu);
-    bool found = reg_find_locked(c) < reg_n;
-    pthread_mutex_unlock(&reg_mu);
-    return found;
+    return weft_registry_find(&reg, c, NULL);
 }
 
 void weft_comm_record_error(struct weft_comm *comm, const char *msg)
@@ -216,7 +173,7 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
                                             &comm->conns[r]),
                         st, fail);
     }
-    if (!reg_add(comm)) {
+    if (!weft_registry_add(&reg, comm)) {
         st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "cannot register the communicator");
         goto fail;
     }
@@ -325,7 +282,7 @@ weft_status_t weft_comm_destroy(weft_comm_t comm)
 {
     if (comm == NULL)
         return WEFT_OK;
-    if (!reg_remove(comm))
+    if (!weft_registry_remove(&reg, comm))
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
                                 "weft_comm_destroy: not a live communicator (destroyed twice?)");
     weft_status_t st = weft_engine_drain(comm);
@@ -338,7 +295,7 @@ weft_status_t weft_comm_abort(weft_comm_t comm)
 {
     if (comm == NULL)
         return WEFT_OK;
-    if (!reg_remove(comm))
+    if (!weft_registry_remove(&reg, comm))
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
                                 "weft_comm_abort: not a live communicator");
     weft_error_quiet(comm, WEFT_ERR_ABORTED, "rank %d: communicator aborted", comm->rank);

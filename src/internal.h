@@ -7,6 +7,7 @@
 #define WEFT_INTERNAL_H
 
 #include <stdarg.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -82,6 +83,21 @@ weft_status_t weft_error_quiet(struct weft_comm *comm, weft_status_t status, con
 weft_status_t weft_errno_status(int err) WEFT_HIDDEN;
 
 /* ---- parameters (src/param.c) ------------------------------------------ */
+/* A set of live handles.  Owner: a file-scope static of the module whose
+ * handles it tracks; entries are borrowed pointers. */
+struct weft_registry {
+    pthread_mutex_t mu;
+    const void **v;
+    size_t n, cap;
+};
+#define WEFT_REGISTRY_INIT {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0}
+bool weft_registry_add(struct weft_registry *r, const void *p) WEFT_HIDDEN; /* false: no memory */
+bool weft_registry_remove(struct weft_registry *r, const void *p) WEFT_HIDDEN; /* false: absent */
+/* True when p is in r; found(p) (may be NULL) then runs before the lock is
+ * released, so p cannot be removed meanwhile. */
+bool weft_registry_find(struct weft_registry *r, const void *p, void (*found)(const void *p))
+    WEFT_HIDDEN;
+
 /* One table of every environment parameter, read once.  The getters take
  * the full name ("WEFT_SOCKET_NSTREAMS"); asking for a name missing from
  * the table is a programming error caught by the tests. */

@@ -1,0 +1,116 @@
+/*
+ * test_nccl.c - programs written for NCCL run on weft: nccl_prog built
+ * against weft's nccl.h and against NVIDIA's, linked to libweft_nccl, runs
+ * 4 (and 5) ranks under weftrun; the same program linked to NVIDIA's
+ * libnccl.so.2 runs on weft when LD_LIBRARY_PATH names weft's; and
+ * ncclCommInitAll drives several ranks from one thread.
+ */
+#include <criterion/criterion.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* The folder of this test binary: the programs and weftrun sit beside it. */
+static const char *bindir(void)
+{
+    static char dir[PATH_MAX];
+    if (dir[0] == '\0') {
+        ssize_t n = readlink("/proc/self/exe", dir, sizeof(dir) - 1);
+        cr_assert(n > 0);
+        dir[n] = '\0';
+        /* libtool may run us from .libs/ */
+        char *d = dirname(dir);
+        memmove(dir, d, strlen(d) + 1);
+        size_t len = strlen(dir);
+        if (len > 6 && strcmp(dir + len - 6, "/.libs") == 0)
+            dir[len - 6] = '\0';
+    }
+    return dir;
+}
+
+/* Runs a shell command with a deadline; returns its exit code (-1 on a
+ * signal or timeout) and its output in out. */
+static int run(const char *cmd, int timeout_s, char *out, size_t outlen)
+{
+    char full[4096];
+    snprintf(full, sizeof(full), "cd '%s' && WEFT_SOCKET_IFNAME=lo timeout -k 5 %d %s 2>&1",
+             bindir(), timeout_s, cmd);
+    FILE *f = popen(full, "r");
+    cr_assert_not_null(f);
+    size_t n = fread(out, 1, outlen - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static bool exists(const char *prog)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/%s", bindir(), prog);
+    return access(path, X_OK) == 0;
+}
+
+static void expect_ok(const char *cmd)
+{
+    static char out[1 << 16];
+    int rc = run(cmd, 120, out, sizeof(out));
+    cr_assert_eq(rc, 0, "%s exited with %d:\n%s", cmd, rc, out);
+}
+
+Test(nccl, own_header_4_ranks, .timeout = 150)
+{
+    expect_ok("./weftrun -n 4 ./nccl_prog_own");
+}
+
+Test(nccl, own_header_5_ranks, .timeout = 150)
+{
+    expect_ok("./weftrun -n 5 ./nccl_prog_own");
+}
+
+Test(nccl, own_header_init_all_from_one_thread, .timeout = 60)
+{
+    expect_ok("./nccl_prog_own --init-all 3");
+}
+
+Test(nccl, nvidia_header_4_ranks, .timeout = 150)
+{
+    if (!exists("nccl_prog_nv"))
+        cr_skip_test("NVIDIA's nccl.h was not found at configure time");
+    expect_ok("./weftrun -n 4 ./nccl_prog_nv --expect-lib libweft_nccl");
+}
+
+Test(nccl, nvidia_header_init_all_from_one_thread, .timeout = 60)
+{
+    if (!exists("nccl_prog_nv"))
+        cr_skip_test("NVIDIA's nccl.h was not found at configure time");
+    expect_ok("./nccl_prog_nv --init-all 4");
+}
+
+/* A binary linked against NVIDIA's libnccl.so.2 picks weft's when
+ * LD_LIBRARY_PATH names the folder that holds it. */
+Test(nccl, nvidia_binary_runs_on_weft_via_ld_library_path, .timeout = 150)
+{
+    if (!exists("nccl_prog_nvlib"))
+        cr_skip_test("NVIDIA's libnccl was not found at configure time");
+    char out[4096];
+    /* Without the variable the dynamic linker finds NVIDIA's library. */
+    int rc = run("env -u LD_LIBRARY_PATH ./nccl_prog_nvlib --which", 30, out, sizeof(out));
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert_null(strstr(out, bindir()), "without LD_LIBRARY_PATH it loaded %s", out);
+    char cmd[PATH_MAX + 200];
+    snprintf(cmd, sizeof(cmd), "env LD_LIBRARY_PATH='%s/.libs' ./nccl_prog_nvlib --which",
+             bindir());
+    rc = run(cmd, 30, out, sizeof(out));
+    cr_assert_eq(rc, 0, "%s", out);
+    cr_assert(strstr(out, ".libs/libnccl.so.2") != NULL, "loaded %s", out);
+    snprintf(cmd, sizeof(cmd),
+             "env LD_LIBRARY_PATH='%s/.libs' ./weftrun -n 4 ./nccl_prog_nvlib --expect-lib "
+             "'%s/.libs/libnccl.so.2'",
+             bindir(), bindir());
+    expect_ok(cmd);
+}
