@@ -5,6 +5,6 @@ cd "$(dirname "$0")/.."
 ./tools/build.sh "$@"
 cd build
 if ! make -j1 check; then
-    cat tests/*.log 2>/dev/null | tail -n 200
+    tail -n 200 test_*.log 2>/dev/null
     exit 1
 fi

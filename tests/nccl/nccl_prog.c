@@ -302,9 +302,12 @@ static void check_premulsum(ncclComm_t comm, int p)
     double d = rank_ + 1, e = 0;
     NCCLOK(ncclAllReduce(&d, &e, 1, ncclDouble, op, comm, NULL));
     CHECK(e == 3.0 * p * (p + 1) / 2, "PreMulSum (device scalar) gave %g", e);
-    NCCLOK(ncclReduceScatter(&d, &e, 1, ncclDouble, op, comm, NULL) == ncclSuccess || p == 1
-               ? ncclSuccess
-               : ncclSuccess);
+    double *blocks = malloc(sizeof(double) * (size_t)p);
+    for (int b = 0; b < p; b++)
+        blocks[b] = b + 1;
+    NCCLOK(ncclReduceScatter(blocks, &e, 1, ncclDouble, op, comm, NULL));
+    CHECK(e == 3.0 * p * (rank_ + 1), "PreMulSum ReduceScatter gave %g", e);
+    free(blocks);
     CHECK(ncclAllReduce(x, y, 5, ncclFloat, op, comm, NULL) == ncclInvalidArgument,
           "an operator used with another datatype must be rejected");
     NCCLOK(ncclRedOpDestroy(op, comm));
