@@ -7,6 +7,7 @@
 #define WEFT_COMPAT_NCCL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 /* The library is built with hidden visibility; everything nccl.h
@@ -51,6 +52,7 @@ struct ncclComm {
     bool finalized;
     bool abandoned;              /* guarded by mu */
     bool thread_running;         /* guarded by mu */
+    _Atomic int users;           /* threads inside a call on it (see compat_release) */
     pthread_t thread;
     int rank, nranks, cudaDev;
     struct compat_redop ops[COMPAT_MAX_REDOPS];
@@ -63,12 +65,17 @@ ncclResult_t compat_fail(struct ncclComm *c, ncclResult_t r, const char *fmt, ..
 /* Maps a weft status to NCCL's result, recording weft's message. */
 ncclResult_t compat_status(struct ncclComm *c, const char *fn, weft_status_t st)
     __attribute__((visibility("hidden")));
-/* The live handle behind comm, ready for operations, or NULL with the
- * error recorded in *r. */
+/* The live handle behind comm, ready for operations and counted as in use
+ * (so ncclCommAbort from another thread waits before freeing it), or NULL
+ * with the error recorded in *r.  Every success is paired with
+ * compat_release. */
 struct ncclComm *compat_ready(ncclComm_t comm, const char *fn, ncclResult_t *r)
     __attribute__((visibility("hidden")));
 /* The registry: true when comm is a live handle. */
 bool compat_valid(const struct ncclComm *c) __attribute__((visibility("hidden")));
+/* Ends a use begun by compat_ready; returns r. */
+ncclResult_t compat_release(struct ncclComm *c, ncclResult_t r)
+    __attribute__((visibility("hidden")));
 
 /* Per-thread group state shared by the init and collective halves. */
 int compat_group_depth(void) __attribute__((visibility("hidden")));

@@ -183,14 +183,10 @@ static ncclResult_t bad_dtype(struct ncclComm *c, const char *fn, ncclDataType_t
     return compat_fail(c, ncclInvalidArgument, "%s: invalid datatype %d", fn, (int)t);
 }
 
-ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t dtype,
-                                       ncclScalarResidence_t residence, ncclComm_t comm)
+static ncclResult_t premulsum_create(struct ncclComm *c, ncclRedOp_t *op, void *scalar,
+                                     ncclDataType_t dtype, ncclScalarResidence_t residence)
 {
     const char *fn = "ncclRedOpCreatePreMulSum";
-    ncclResult_t r;
-    struct ncclComm *c = compat_ready(comm, fn, &r);
-    if (c == NULL)
-        return r;
     weft_dtype_t wt;
     if (op == NULL || scalar == NULL)
         return compat_fail(c, ncclInvalidArgument, "%s: op %p, scalar %p", fn, (void *)op,
@@ -217,6 +213,16 @@ ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataTy
     *op = (ncclRedOp_t)(ncclNumOps + slot);
     return ncclSuccess;
 }
+
+ncclResult_t pncclRedOpCreatePreMulSum(ncclRedOp_t *op, void *scalar, ncclDataType_t dtype,
+                                       ncclScalarResidence_t residence, ncclComm_t comm)
+{
+    ncclResult_t r;
+    struct ncclComm *c = compat_ready(comm, "ncclRedOpCreatePreMulSum", &r);
+    if (c == NULL)
+        return r;
+    return compat_release(c, premulsum_create(c, op, scalar, dtype, residence));
+}
 NCCL_ALIAS(ncclRedOpCreatePreMulSum);
 
 ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm)
@@ -232,10 +238,11 @@ ncclResult_t pncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm)
         c->ops[slot].used = false;
     pthread_mutex_unlock(&c->mu);
     if (!ok)
-        return compat_fail(c, ncclInvalidArgument,
-                           "ncclRedOpDestroy: op %d was not created on this communicator",
-                           (int)op);
-    return ncclSuccess;
+        return compat_release(c, compat_fail(c, ncclInvalidArgument,
+                                             "ncclRedOpDestroy: op %d was not created on this "
+                                             "communicator",
+                                             (int)op));
+    return compat_release(c, ncclSuccess);
 }
 NCCL_ALIAS(ncclRedOpDestroy);
 
@@ -327,14 +334,14 @@ static struct ncclComm *enter(ncclComm_t comm, const char *fn, cudaStream_t stre
     if (c == NULL)
         return NULL;
     if (stream != NULL) {
-        *r = compat_fail(c, ncclInvalidUsage,
-                         "%s: CUDA streams are not supported by weft yet: pass stream = NULL "
-                         "with host buffers",
-                         fn);
+        *r = compat_release(c, compat_fail(c, ncclInvalidUsage,
+                                           "%s: CUDA streams are not supported by weft yet: "
+                                           "pass stream = NULL with host buffers",
+                                           fn));
         return NULL;
     }
     if (!map_dtype(t, reducing, wt)) {
-        *r = bad_dtype(c, fn, t);
+        *r = compat_release(c, bad_dtype(c, fn, t));
         return NULL;
     }
     if (depth > 0)
@@ -342,19 +349,18 @@ static struct ncclComm *enter(ncclComm_t comm, const char *fn, cudaStream_t stre
     return c;
 }
 
-/* Ends a call: outside a group its scratch buffers are free again. */
-static ncclResult_t leave(struct ncclComm *c, const char *fn, weft_status_t st)
+/* Ends a call begun by enter() with result r: outside a group its scratch
+ * buffers are free again. */
+static ncclResult_t leave_with(struct ncclComm *c, ncclResult_t r)
 {
     if (depth == 0)
         compat_scratch_release();
-    return compat_status(c, fn, st);
+    return compat_release(c, r);
 }
 
-static ncclResult_t leave_with(ncclResult_t r)
+static ncclResult_t leave(struct ncclComm *c, const char *fn, weft_status_t st)
 {
-    if (depth == 0)
-        compat_scratch_release();
-    return r;
+    return leave_with(c, compat_status(c, fn, st));
 }
 
 enum red_kind { ALLREDUCE, REDUCE, REDUCE_SCATTER };
@@ -374,12 +380,12 @@ static ncclResult_t red_coll(enum red_kind kind, const char *fn, const void *sen
     size_t n = count; /* input elements */
     if (kind == REDUCE_SCATTER) {
         if (count > SIZE_MAX / (size_t)c->nranks / 8)
-            return compat_fail(c, ncclInvalidArgument, "%s: recvcount %zu is too large", fn,
-                               count);
+            return leave_with(c, compat_fail(c, ncclInvalidArgument,
+                                             "%s: recvcount %zu is too large", fn, count));
         n = count * (size_t)c->nranks;
     }
     if ((r = map_op(c, fn, op, datatype, t, sendbuff, n, &red)) != ncclSuccess)
-        return leave_with(r);
+        return leave_with(c, r);
     weft_status_t st =
         kind == ALLREDUCE ? weft_allreduce(red.send, recvbuff, count, t, red.op, c->wc)
         : kind == REDUCE  ? weft_reduce(red.send, recvbuff, count, t, red.op, root, c->wc)
@@ -487,10 +493,11 @@ static ncclResult_t p2p_coll(enum p2p_kind kind, const char *fn, const void *sen
     int p = c->nranks, me = c->rank;
     size_t esz = weft_dtype_size(t);
     if (kind != ALLTOALL && (root < 0 || root >= p))
-        return compat_fail(c, ncclInvalidArgument, "%s: root %d out of range (0..%d)", fn, root,
-                           p - 1);
+        return leave_with(c, compat_fail(c, ncclInvalidArgument,
+                                         "%s: root %d out of range (0..%d)", fn, root, p - 1));
     if (count > SIZE_MAX / (size_t)p / esz)
-        return compat_fail(c, ncclInvalidArgument, "%s: count %zu is too large", fn, count);
+        return leave_with(
+            c, compat_fail(c, ncclInvalidArgument, "%s: count %zu is too large", fn, count));
     size_t blk = count * esz;
     const char *s = sendbuff;
     char *d = recvbuff;
@@ -501,12 +508,12 @@ static ncclResult_t p2p_coll(enum p2p_kind kind, const char *fn, const void *sen
     bool many_recv = kind == ALLTOALL || (kind == GATHER && root_side);
     if (count > 0 && ((s == NULL && (many_send || kind == GATHER)) ||
                       (d == NULL && (many_recv || kind == SCATTER))))
-        return compat_fail(c, ncclInvalidArgument, "%s: NULL buffer", fn);
+        return leave_with(c, compat_fail(c, ncclInvalidArgument, "%s: NULL buffer", fn));
     if (kind == ALLTOALL && count > 0 && s < d + blk * p && d < s + blk * p)
-        return compat_fail(c, ncclInvalidArgument,
-                           "%s: sendbuff and recvbuff overlap (in-place AlltoAll is not "
-                           "supported)",
-                           fn);
+        return leave_with(c, compat_fail(c, ncclInvalidArgument,
+                                         "%s: sendbuff and recvbuff overlap (in-place AlltoAll "
+                                         "is not supported)",
+                                         fn));
     /* NCCL's in place: the root's own block already sits where it goes. */
     bool in_place = kind == GATHER ? root_side && s == d + (size_t)root * blk
                                    : kind == SCATTER && root_side && d == s + (size_t)root * blk;

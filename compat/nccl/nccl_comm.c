@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "bootstrap.h"
 #include "compat.h"
@@ -74,10 +75,22 @@ ncclResult_t compat_status(struct ncclComm *c, const char *fn, weft_status_t st)
                        weft_last_error(c && c->wc ? c->wc : NULL));
 }
 
-/* The live handle behind comm (any state), or NULL with the error set. */
+static void count_user(const void *c)
+{
+    atomic_fetch_add(&((struct ncclComm *)c)->users, 1);
+}
+
+ncclResult_t compat_release(struct ncclComm *c, ncclResult_t r)
+{
+    atomic_fetch_sub(&c->users, 1);
+    return r;
+}
+
+/* The live handle behind comm (any state), counted as in use until
+ * compat_release, or NULL with the error set. */
 static struct ncclComm *comm_get(ncclComm_t comm, const char *fn, ncclResult_t *r)
 {
-    if (comm == NULL || !compat_valid(comm)) {
+    if (comm == NULL || !weft_registry_find(&reg, comm, count_user)) {
         *r = compat_fail(NULL, ncclInvalidArgument,
                          "%s: invalid communicator (NULL, destroyed or never created)", fn);
         return NULL;
@@ -94,26 +107,30 @@ struct ncclComm *compat_ready(ncclComm_t comm, const char *fn, ncclResult_t *r)
     ncclResult_t state = c->state;
     pthread_mutex_unlock(&c->mu);
     if (state == ncclInProgress) {
-        *r = compat_fail(c, ncclInvalidUsage,
-                         "%s: the communicator is still initializing; poll "
-                         "ncclCommGetAsyncError until it returns ncclSuccess",
-                         fn);
+        *r = compat_release(c, compat_fail(c, ncclInvalidUsage,
+                                           "%s: the communicator is still initializing; poll "
+                                           "ncclCommGetAsyncError until it returns ncclSuccess",
+                                           fn));
         return NULL;
     }
     if (state != ncclSuccess) {
-        *r = compat_fail(c, ncclInvalidUsage, "%s: the communicator failed to initialize (%s)",
-                         fn, ncclGetErrorString(state));
+        *r = compat_release(c, compat_fail(c, ncclInvalidUsage,
+                                           "%s: the communicator failed to initialize (%s)", fn,
+                                           ncclGetErrorString(state)));
         return NULL;
     }
     if (c->wc == NULL) {
-        *r = compat_fail(c, ncclInvalidUsage,
-                         "%s: this rank passed NCCL_SPLIT_NOCOLOR and has no communicator", fn);
+        *r = compat_release(c, compat_fail(c, ncclInvalidUsage,
+                                           "%s: this rank passed NCCL_SPLIT_NOCOLOR and has no "
+                                           "communicator",
+                                           fn));
         return NULL;
     }
     if (c->finalized) {
-        *r = compat_fail(c, ncclInvalidUsage,
-                         "%s: the communicator was finalized; only ncclCommDestroy is allowed",
-                         fn);
+        *r = compat_release(c, compat_fail(c, ncclInvalidUsage,
+                                           "%s: the communicator was finalized; only "
+                                           "ncclCommDestroy is allowed",
+                                           fn));
         return NULL;
     }
     return c;
@@ -421,12 +438,16 @@ static struct ncclComm *child_enter(ncclComm_t comm, ncclComm_t *newcomm, ncclCo
     if (p == NULL)
         return NULL;
     if (newcomm == NULL) {
-        *r = compat_fail(p, ncclInvalidArgument, "%s: newcomm is NULL", fn);
+        *r = compat_release(p, compat_fail(p, ncclInvalidArgument, "%s: newcomm is NULL", fn));
         return NULL;
     }
     *newcomm = NULL;
     *r = check_config(config, fn);
-    return *r == ncclSuccess ? p : NULL;
+    if (*r != ncclSuccess) {
+        compat_release(p, *r);
+        return NULL;
+    }
+    return p;
 }
 
 /* Starts the child's init (job: kind and arguments; owns its excluded
@@ -466,10 +487,13 @@ ncclResult_t pncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *new
     if (p == NULL)
         return r;
     if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
-        return compat_fail(p, ncclInvalidArgument,
-                           "%s: color %d is negative and not NCCL_SPLIT_NOCOLOR", fn, color);
+        return compat_release(p, compat_fail(p, ncclInvalidArgument,
+                                             "%s: color %d is negative and not "
+                                             "NCCL_SPLIT_NOCOLOR",
+                                             fn, color));
     struct init_job job = {.kind = INIT_SPLIT, .color = color, .key = key};
-    return child_start(p, config, job, color == NCCL_SPLIT_NOCOLOR, newcomm, fn);
+    return compat_release(p,
+                          child_start(p, config, job, color == NCCL_SPLIT_NOCOLOR, newcomm, fn));
 }
 NCCL_ALIAS(ncclCommSplit);
 
@@ -482,19 +506,21 @@ ncclResult_t pncclCommShrink(ncclComm_t comm, int *excluded, int nexcluded, nccl
     if (p == NULL)
         return r;
     if (flags != NCCL_SHRINK_DEFAULT && flags != NCCL_SHRINK_ABORT)
-        return compat_fail(p, ncclInvalidArgument, "%s: unknown flags %#x", fn, flags);
+        return compat_release(
+            p, compat_fail(p, ncclInvalidArgument, "%s: unknown flags %#x", fn, flags));
     if (nexcluded < 0 || (nexcluded > 0 && excluded == NULL))
-        return compat_fail(p, ncclInvalidArgument, "%s: %d excluded ranks at %p", fn, nexcluded,
-                           (void *)excluded);
+        return compat_release(p, compat_fail(p, ncclInvalidArgument,
+                                             "%s: %d excluded ranks at %p", fn, nexcluded,
+                                             (void *)excluded));
     /* Operations on host buffers have all completed by now, so there is
      * nothing in flight for NCCL_SHRINK_ABORT to stop. */
     int *copy = malloc(sizeof(int) * (size_t)(nexcluded ? nexcluded : 1));
     if (copy == NULL)
-        return compat_fail(p, ncclSystemError, "%s: out of memory", fn);
+        return compat_release(p, compat_fail(p, ncclSystemError, "%s: out of memory", fn));
     if (nexcluded)
         memcpy(copy, excluded, sizeof(int) * (size_t)nexcluded);
     struct init_job job = {.kind = INIT_SHRINK, .excluded = copy, .nexcluded = nexcluded};
-    return child_start(p, config, job, false, newcomm, fn);
+    return compat_release(p, child_start(p, config, job, false, newcomm, fn));
 }
 NCCL_ALIAS(ncclCommShrink);
 
@@ -509,7 +535,7 @@ ncclResult_t pncclCommFinalize(ncclComm_t comm)
     /* Operations on host buffers completed inside their calls (or their
      * group), so nothing is left to flush. */
     c->finalized = true;
-    return ncclSuccess;
+    return compat_release(c, ncclSuccess);
 }
 NCCL_ALIAS(ncclCommFinalize);
 
@@ -530,8 +556,15 @@ static ncclResult_t comm_end(ncclComm_t comm, const char *fn, bool abort)
     pthread_mutex_unlock(&c->mu);
     if (running)
         return ncclSuccess;
+    /* weft returns once no thread is inside weft on wc (abort fails their
+     * operations first); then wait for those threads to leave this layer,
+     * which they do without blocking, before freeing the handle. */
     weft_status_t st = abort ? weft_comm_abort(wc) : weft_comm_destroy(wc);
     ncclResult_t r = compat_status(NULL, fn, st);
+    while (atomic_load(&c->users) > 0) {
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
     comm_free(c);
     return r;
 }
@@ -552,9 +585,10 @@ NCCL_ALIAS(ncclCommAbort);
 static ncclResult_t unsupported(ncclComm_t comm, const char *fn, const char *why)
 {
     ncclResult_t r;
-    if (comm_get(comm, fn, &r) == NULL)
+    struct ncclComm *c = comm_get(comm, fn, &r);
+    if (c == NULL)
         return r;
-    return compat_fail(comm, ncclInvalidUsage, "%s: %s", fn, why);
+    return compat_release(c, compat_fail(c, ncclInvalidUsage, "%s: %s", fn, why));
 }
 
 ncclResult_t pncclCommRevoke(ncclComm_t comm, int flags)
@@ -575,17 +609,18 @@ ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *async)
     if (c == NULL)
         return r;
     if (async == NULL)
-        return compat_fail(c, ncclInvalidArgument, "ncclCommGetAsyncError: asyncError is NULL");
+        return compat_release(c, compat_fail(c, ncclInvalidArgument,
+                                             "ncclCommGetAsyncError: asyncError is NULL"));
     pthread_mutex_lock(&c->mu);
     ncclResult_t state = c->state;
     pthread_mutex_unlock(&c->mu);
     if (state != ncclSuccess || c->wc == NULL) {
         *async = state;
-        return ncclSuccess;
+        return compat_release(c, ncclSuccess);
     }
     weft_status_t st = weft_comm_get_error(c->wc);
     *async = st == WEFT_OK ? ncclSuccess : compat_status(c, "asynchronous error", st);
-    return ncclSuccess;
+    return compat_release(c, ncclSuccess);
 }
 NCCL_ALIAS(ncclCommGetAsyncError);
 
@@ -597,9 +632,10 @@ NCCL_ALIAS(ncclCommGetAsyncError);
         if (c == NULL)                                                                        \
             return r;                                                                         \
         if (out == NULL)                                                                      \
-            return compat_fail(c, ncclInvalidArgument, #fname ": " #out " is NULL");          \
+            return compat_release(                                                            \
+                c, compat_fail(c, ncclInvalidArgument, #fname ": " #out " is NULL"));         \
         *out = (expr);                                                                        \
-        return ncclSuccess;                                                                   \
+        return compat_release(c, ncclSuccess);                                                \
     }                                                                                         \
     NCCL_ALIAS(fname)
 
@@ -666,14 +702,16 @@ ncclResult_t pncclCommRegister(const ncclComm_t comm, void *buff, size_t size, v
     if (c == NULL)
         return r;
     if (handle == NULL || (buff == NULL && size > 0))
-        return compat_fail(c, ncclInvalidArgument, "ncclCommRegister: buff %p, handle %p", buff,
-                           (void *)handle);
+        return compat_release(c, compat_fail(c, ncclInvalidArgument,
+                                             "ncclCommRegister: buff %p, handle %p", buff,
+                                             (void *)handle));
     struct reg_handle *h = malloc(sizeof(*h));
     if (h == NULL)
-        return compat_fail(c, ncclSystemError, "ncclCommRegister: out of memory");
+        return compat_release(c, compat_fail(c, ncclSystemError,
+                                             "ncclCommRegister: out of memory"));
     *h = (struct reg_handle){REG_MAGIC, c, buff, size};
     *handle = h;
-    return ncclSuccess;
+    return compat_release(c, ncclSuccess);
 }
 NCCL_ALIAS(ncclCommRegister);
 
@@ -685,12 +723,13 @@ ncclResult_t pncclCommDeregister(const ncclComm_t comm, void *handle)
         return r;
     struct reg_handle *h = handle;
     if (h == NULL || h->magic != REG_MAGIC || h->comm != c)
-        return compat_fail(c, ncclInvalidArgument,
-                           "ncclCommDeregister: %p is not a registration of this communicator",
-                           handle);
+        return compat_release(c, compat_fail(c, ncclInvalidArgument,
+                                             "ncclCommDeregister: %p is not a registration "
+                                             "of this communicator",
+                                             handle));
     h->magic = 0;
     free(h);
-    return ncclSuccess;
+    return compat_release(c, ncclSuccess);
 }
 NCCL_ALIAS(ncclCommDeregister);
 

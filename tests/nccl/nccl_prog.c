@@ -9,6 +9,9 @@
  *                             rank, as with NCCL_COMM_ID (or weftrun).
  *   nccl_prog --init-all N    N ranks in this process (ncclCommInitAll),
  *                             driven from one thread with groups.
+ *   --abort                   rank 0 aborts its communicator from the main
+ *                             thread while another thread waits in an
+ *                             AllReduce that rank 1 never joins.
  *   --which                   prints the path of the library that provides
  *                             ncclAllReduce, and exits.
  *   --expect-lib SUBSTR       the library that provides ncclAllReduce
@@ -17,6 +20,9 @@
  * Exit 0 when every check passed; each failure prints a line.
  */
 #include <dlfcn.h>
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -468,6 +474,52 @@ static int init_all(int n)
     return failures ? 1 : 0;
 }
 
+/* ncclCommAbort from another thread while a collective waits for a rank
+ * that never joins it (what a watchdog thread does): the collective
+ * returns an error and the abort returns promptly. */
+struct blocked {
+    ncclComm_t comm;
+    ncclResult_t r;
+};
+
+static void *blocked_allreduce(void *arg)
+{
+    struct blocked *b = arg;
+    float x = 1;
+    b->r = ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, b->comm, NULL);
+    return NULL;
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static int abort_test(ncclComm_t comm)
+{
+    if (rank_ != 0) {
+        sleep(2); /* never joins the collective */
+        NCCLOK(ncclCommAbort(comm));
+        return 0;
+    }
+    struct blocked b = {comm, ncclSuccess};
+    pthread_t th;
+    pthread_create(&th, NULL, blocked_allreduce, &b);
+    usleep(300000);
+    double t0 = now_s();
+    NCCLOK(ncclCommAbort(comm));
+    pthread_join(th, NULL);
+    double dt = now_s() - t0;
+    CHECK(b.r != ncclSuccess, "the aborted AllReduce returned success");
+    CHECK(dt < 2.0, "abort took %.2f s", dt);
+    if (failures == 0)
+        printf("abort returned in %.1f ms; the blocked AllReduce got %s\n", dt * 1e3,
+               ncclGetErrorString(b.r));
+    return failures ? 1 : 0;
+}
+
 static int env_int(const char *const *names)
 {
     for (; *names; names++) {
@@ -482,16 +534,18 @@ int main(int argc, char **argv)
 {
     const char *expect_lib = NULL;
     int all = 0;
-    bool which = false;
+    bool which = false, abort_mode = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--which") == 0)
             which = true;
+        else if (strcmp(argv[i], "--abort") == 0)
+            abort_mode = true;
         else if (strcmp(argv[i], "--expect-lib") == 0 && i + 1 < argc)
             expect_lib = argv[++i];
         else if (strcmp(argv[i], "--init-all") == 0 && i + 1 < argc)
             all = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--which] [--init-all N] [--expect-lib SUBSTR]\n",
+            fprintf(stderr, "usage: %s [--which] [--abort] [--init-all N] [--expect-lib SUBSTR]\n",
                     argv[0]);
             return 2;
         }
@@ -531,6 +585,8 @@ int main(int argc, char **argv)
     NCCLOK(ncclGetUniqueId(&id));
     ncclComm_t comm;
     NCCLOK(ncclCommInitRank(&comm, p, id, rank_));
+    if (abort_mode)
+        return abort_test(comm);
     if (rank_ == 0)
         printf("ncclAllReduce from %s; version %d; %d ranks\n", info.dli_fname, version, p);
     check_allreduce(comm, p);
