@@ -11,16 +11,8 @@
 
 /* ---- helpers -------------------------------------------------------------- */
 
-static uint64_t rng_state;
+#include "testutil.h"
 
-static uint64_t rnd(void)
-{
-    /* xorshift64*: deterministic, so a failure reproduces. */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545f4914f6cdd1dull;
-}
 
 static const size_t esize[WEFT_NUM_DTYPES] = { 1, 1, 4, 4, 8, 8, 2, 4, 8, 2 };
 static const char *const dname[WEFT_NUM_DTYPES] = { "int8",   "uint8",   "int32", "uint32",
@@ -236,7 +228,7 @@ Test(convert, named_cases)
 static void fill(void *buf, size_t n, weft_dtype_t dt)
 {
     for (size_t i = 0; i < n; i++) {
-        uint64_t r = rnd();
+        uint64_t r = weft_test_rnd();
         unsigned pick = (unsigned)(r >> 59); /* 0..31 */
         switch (dt) {
         case WEFT_INT8:
@@ -245,7 +237,7 @@ static void fill(void *buf, size_t n, weft_dtype_t dt)
         case WEFT_UINT32:
         case WEFT_INT64:
         case WEFT_UINT64: {
-            uint64_t v = rnd();
+            uint64_t v = weft_test_rnd();
             if (pick < 4) {
                 static const uint64_t edge[] = { 0, 1, ~0ull, 0 };
                 v = edge[pick];
@@ -495,7 +487,7 @@ static void run_matrix(weft_dtype_t dt)
     static const size_t lens[] = { 0, 1, 7, 1000003 };
     for (int op = 0; op < WEFT_NUM_OPS; op++) {
         for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++) {
-            rng_state = 0x9e3779b97f4a7c15ull ^ ((uint64_t)dt << 32) ^ ((uint64_t)op << 16) ^ l;
+            weft_test_rng_state = 0x9e3779b97f4a7c15ull ^ ((uint64_t)dt << 32) ^ ((uint64_t)op << 16) ^ l;
             run_case(dt, (weft_op_t)op, lens[l], 0);
             if (op == WEFT_AVG) {
                 run_case(dt, (weft_op_t)op, lens[l], 3);

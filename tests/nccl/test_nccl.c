@@ -15,22 +15,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* The folder of this test binary: the programs and weftrun sit beside it. */
+#include "tests/testutil.h"
+
+/* The programs and weftrun sit beside this test binary. */
 static const char *bindir(void)
 {
-    static char dir[PATH_MAX];
-    if (dir[0] == '\0') {
-        ssize_t n = readlink("/proc/self/exe", dir, sizeof(dir) - 1);
-        cr_assert(n > 0);
-        dir[n] = '\0';
-        /* libtool may run us from .libs/ */
-        char *d = dirname(dir);
-        memmove(dir, d, strlen(d) + 1);
-        size_t len = strlen(dir);
-        if (len > 6 && strcmp(dir + len - 6, "/.libs") == 0)
-            dir[len - 6] = '\0';
-    }
-    return dir;
+    const char *d = weft_test_bindir();
+    cr_assert(*d, "cannot find this test's folder");
+    return d;
 }
 
 /* Runs a shell command with a deadline; returns its exit code (-1 on a
