@@ -3,12 +3,13 @@
 # with 2 and 4 data-parallel ranks under ZeRO 0-3, with the split of each
 # step into compute and waiting on communication.  Same model, same global
 # batch (4 micro-batches of B x T per step) in every row.
-#   bench/trainer_scaling.sh [data-file] [steps]
+#   [MODEL="--layers 2 ..."] bench/trainer_scaling.sh [data-file] [steps]
 set -euo pipefail
 cd "$(dirname "$0")/../build"
 data=${1:-kjv.txt}
 steps=${2:-40}
-model="--layers 4 --channels 128 --heads 4 --context 64 --batch 8 --warmup 5 --sample 0 --val-batches 4"
+model=${MODEL:-"--layers 4 --channels 128 --heads 4 --context 64 --batch 8"}
+model="$model --warmup 5 --sample 0 --val-batches 4"
 export WEFT_SOCKET_IFNAME=lo
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
