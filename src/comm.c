@@ -17,13 +17,64 @@
 #include "tune.h"
 #include "transports/transport.h"
 
-/* What every rank publishes at init. */
+/* What every rank publishes at init: where it runs and its tcp address
+ * (shm addresses follow in a second round, once ranks know who is local). */
 struct rank_info {
-    char host[64];
+    char host[64];       /* WEFT_HOSTID, or hostname + boot id */
     uint32_t pid;
     uint32_t taddr_len;
     uint8_t taddr[WEFT_TRANSPORT_ADDR_MAX];
 };
+
+/* The second round: the shm address (len 0: no shm on that rank). */
+struct shm_info {
+    uint32_t len;
+    uint8_t addr[WEFT_TRANSPORT_ADDR_MAX];
+};
+
+enum { TP_TCP, TP_SHM, TP_COUNT };
+
+/* This host's identity: ranks with equal ones share memory.  WEFT_HOSTID
+ * lets one machine pose as several hosts. */
+static void host_identity(char *out, size_t len)
+{
+    /* Read at every init, not once per process: a process may make
+     * communicators as different "hosts" (tests do). */
+    const char *forced = getenv("WEFT_HOSTID");
+    if (forced && *forced) {
+        snprintf(out, len, "%s", forced);
+        return;
+    }
+    char host[64] = "", boot[40] = "";
+    gethostname(host, sizeof(host) - 1);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (fgets(boot, sizeof(boot), f) == NULL)
+            boot[0] = '\0';
+        fclose(f);
+    }
+    boot[strcspn(boot, "\n")] = '\0';
+    snprintf(out, len, "%.26s/%.36s", host, boot);
+}
+
+weft_status_t weft_comm_progress(struct weft_comm *comm, int timeout_ms)
+{
+    if (comm->ntp == 1)
+        return comm->tp[0].ops->progress(comm->tp[0].ctx, timeout_ms);
+    /* Several transports: look at all without waiting, then wait on the
+     * last (tcp, whose sockets wake it) for a short slice, so the others'
+     * events are seen within a millisecond even while sleeping. */
+    for (int i = 0; i < comm->ntp; i++)
+        WEFT_CHECK(comm->tp[i].ops->progress(comm->tp[i].ctx,
+                                             i == comm->ntp - 1 ? WEFT_MIN(timeout_ms, 1) : 0));
+    return WEFT_OK;
+}
+
+void weft_comm_wakeup(struct weft_comm *comm)
+{
+    for (int i = 0; i < comm->ntp; i++)
+        comm->tp[i].ops->wakeup(comm->tp[i].ctx);
+}
 
 /* Live communicators, so that a destroyed handle is refused, not used. */
 static struct weft_registry reg = WEFT_REGISTRY_INIT;
@@ -48,7 +99,7 @@ void weft_comm_release(struct weft_comm *c)
 static void wait_users(struct weft_comm *c)
 {
     while (atomic_load(&c->users) > 0) {
-        c->tops->wakeup(c->tctx);
+        weft_comm_wakeup(c);
         struct timespec ms = {0, 1000000};
         nanosleep(&ms, NULL);
     }
@@ -99,12 +150,129 @@ static void comm_free(struct weft_comm *comm)
     if (comm == NULL)
         return;
     weft_engine_destroy(comm->eng);
-    if (comm->tops)
-        comm->tops->finalize(comm->tctx);
+    for (int i = 0; i < comm->ntp; i++)
+        comm->tp[i].ops->finalize(comm->tp[i].ctx);
     weft_bootstrap_close(comm->bs);
     free(comm->conns);
+    free(comm->link_ops);
+    weft_topo_table_fini(&comm->topo);
     pthread_mutex_destroy(&comm->err_mu);
     free(comm);
+}
+
+/* Opens shm when a peer shares this host and both sides allow it, picks a
+ * transport per peer (shm on this host, tcp otherwise; WEFT_TRANSPORT
+ * restricts the choice) and binds every peer.  tcp_ctx is already open;
+ * transports no peer uses are closed again. */
+static weft_status_t open_links(struct weft_comm *comm, const struct weft_transport_init *targs,
+                                void *tcp_ctx, const struct rank_info *all, uint64_t deadline)
+{
+    int rank = comm->rank, n = comm->nranks;
+    const char *spec = weft_param_str("WEFT_TRANSPORT"), *file = weft_param_str("WEFT_TOPO_FILE");
+    unsigned allowed;
+    char why[256];
+    const char **hostid = calloc((size_t)n, sizeof(*hostid));
+    weft_status_t st = hostid ? weft_topo_parse_transports(spec, &allowed, why, sizeof(why))
+                              : WEFT_ERR_NO_MEMORY;
+    for (int r = 0; hostid && r < n; r++)
+        hostid[r] = all[r].host;
+    if (st == WEFT_OK)
+        st = weft_topo_table_init(&comm->topo, n, hostid, allowed, why, sizeof(why));
+    if (st == WEFT_OK && *file)
+        st = weft_topo_table_load(&comm->topo, file, why, sizeof(why));
+    free(hostid);
+    if (st != WEFT_OK) {
+        weft_tcp_ops.finalize(tcp_ctx);
+        return weft_error(comm, st, "rank %d: %s", rank,
+                          st == WEFT_ERR_NO_MEMORY ? "out of memory" : why);
+    }
+    /* The table says which transport each pair wants (shm on one host,
+     * unless WEFT_TRANSPORT or the topology file says otherwise). */
+    bool local_peer = false;
+    for (int r = 0; r < n; r++) {
+        struct weft_link l;
+        local_peer |= r != rank && weft_topo_table_get(&comm->topo, rank, r, &l) == WEFT_OK &&
+                      l.transport == WEFT_LINK_SHM;
+    }
+    struct shm_info mine = {0};
+    struct shm_info *peers = calloc((size_t)n, sizeof(*peers));
+    void *ctx[TP_COUNT] = {tcp_ctx, NULL};
+    if (peers == NULL) {
+        st = weft_error(comm, WEFT_ERR_NO_MEMORY, "out of memory for %d ranks", n);
+        goto out; /* the others time out in the exchange and name this rank */
+    }
+    if (local_peer) {
+        size_t len = sizeof(mine.addr);
+        st = weft_shm_ops.init(targs, &ctx[TP_SHM], mine.addr, &len);
+        if (st == WEFT_OK)
+            mine.len = (uint32_t)len;
+        else if (allowed & (1u << WEFT_LINK_TCP))
+            WEFT_WARN(WEFT_SUB_INIT, "no shared memory (%s); peers on this host use tcp",
+                      weft_thread_last_error());
+        st = WEFT_OK; /* publishing len 0 tells the local peers */
+    }
+    /* Every rank takes part, with or without shm, so the rounds match. */
+    WEFT_CHECK_GOTO(weft_bootstrap_allgather(comm->bs, &mine, peers, sizeof(mine), deadline), st,
+                    out);
+    bool used[TP_COUNT] = {false}, any_shm = false;
+    for (int r = 0; r < n; r++) {
+        any_shm |= peers[r].len > 0;
+        if (r == rank)
+            continue;
+        bool same = strcmp(all[r].host, all[rank].host) == 0;
+        struct weft_link l = {0};
+        weft_topo_table_get(&comm->topo, rank, r, &l);
+        int t = l.transport == WEFT_LINK_SHM && mine.len && peers[r].len ? TP_SHM
+                : (allowed & (1u << WEFT_LINK_TCP))                      ? TP_TCP
+                                                                         : -1;
+        if (t < 0) {
+            st = weft_error(comm, WEFT_ERR_INVALID_ARG,
+                            "rank %d cannot reach rank %d: WEFT_TRANSPORT=%s allows only shm, and "
+                            "rank %d is %s",
+                            rank, r, spec, r,
+                            same ? "on this host but has no shared memory" : "on another host");
+            goto out;
+        }
+        const struct weft_transport_ops *ops = t == TP_SHM ? &weft_shm_ops : &weft_tcp_ops;
+        const void *addr = t == TP_SHM ? peers[r].addr : all[r].taddr;
+        size_t alen = t == TP_SHM ? peers[r].len : all[r].taddr_len;
+        if (alen > WEFT_TRANSPORT_ADDR_MAX) {
+            st = weft_error(comm, WEFT_ERR_REMOTE, "rank %d published a bad address", r);
+            goto out;
+        }
+        comm->link_ops[r] = ops;
+        used[t] = true;
+        WEFT_CHECK_GOTO(ops->connect(ctx[t], r, addr, alen, &comm->conns[r]), st, out);
+    }
+    /* shm first: the last transport is the one progress waits on. */
+    for (int t = TP_COUNT - 1; t >= 0; t--) {
+        if (!ctx[t])
+            continue;
+        const struct weft_transport_ops *ops = t == TP_SHM ? &weft_shm_ops : &weft_tcp_ops;
+        if (used[t] || (t == TP_TCP && n == 1)) {
+            comm->tp[comm->ntp].ops = ops;
+            comm->tp[comm->ntp++].ctx = ctx[t];
+        } else {
+            ops->finalize(ctx[t]);
+        }
+        ctx[t] = NULL;
+    }
+    if (any_shm) {
+        /* Every peer has mapped our segment: its name can go, so a crash
+         * from now on leaves nothing in /dev/shm. */
+        WEFT_CHECK_GOTO(weft_bootstrap_barrier(comm->bs, deadline), st, out);
+        for (int i = 0; i < comm->ntp; i++)
+            if (comm->tp[i].ops->ready)
+                WEFT_CHECK_GOTO(comm->tp[i].ops->ready(comm->tp[i].ctx), st, out);
+    }
+    WEFT_INFO(WEFT_SUB_INIT, "rank %d: %s%s%s", rank, used[TP_SHM] ? "shm to this host's ranks" : "",
+              used[TP_SHM] && used[TP_TCP] ? ", " : "", used[TP_TCP] ? "tcp to the others" : "");
+out:
+    for (int t = 0; t < TP_COUNT; t++)
+        if (ctx[t])
+            (t == TP_SHM ? &weft_shm_ops : &weft_tcp_ops)->finalize(ctx[t]);
+    free(peers);
+    return st;
 }
 
 weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct weft_uid *uid,
@@ -141,8 +309,9 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     weft_log_set_rank(rank);
 
     comm->conns = calloc((size_t)nranks, sizeof(void *));
+    comm->link_ops = calloc((size_t)nranks, sizeof(*comm->link_ops));
     all = calloc((size_t)nranks, sizeof(*all));
-    if (comm->conns == NULL || all == NULL) {
+    if (comm->conns == NULL || comm->link_ops == NULL || all == NULL) {
         st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "cannot allocate tables for %d ranks", nranks);
         goto fail;
     }
@@ -156,10 +325,10 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     WEFT_CHECK_GOTO(weft_sock_pick_iface(&uid->root, &targs.local, ifname, sizeof(ifname)), st,
                     fail);
     struct rank_info me = {.pid = (uint32_t)getpid()};
-    gethostname(me.host, sizeof(me.host) - 1);
+    host_identity(me.host, sizeof(me.host));
     size_t alen = sizeof(me.taddr);
-    comm->tops = &weft_tcp_ops;
-    WEFT_CHECK_GOTO(comm->tops->init(&targs, &comm->tctx, me.taddr, &alen), st, fail);
+    void *tcp_ctx = NULL;
+    WEFT_CHECK_GOTO(weft_tcp_ops.init(&targs, &tcp_ctx, me.taddr, &alen), st, fail);
     me.taddr_len = (uint32_t)alen;
     memcpy(comm->taddr, me.taddr, alen);
     comm->taddr_len = alen;
@@ -167,24 +336,18 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     WEFT_INFO(WEFT_SUB_INIT, "rank %d/%d: tcp on %s (%s)", rank, nranks,
               weft_sock_str(&targs.local, buf, sizeof(buf)), ifname);
 
-    WEFT_CHECK_GOTO(weft_bootstrap_init(comm, uid, rank, nranks, &me, sizeof(me), all, deadline,
-                                        &comm->bs),
-                    st, fail);
-    int local = 0;
-    for (int r = 0; r < nranks; r++)
-        local += strncmp(all[r].host, me.host, sizeof(me.host)) == 0;
-    weft_engine_tune(comm->eng, local);
-    for (int r = 0; r < nranks; r++) {
-        if (r == rank)
-            continue;
-        if (all[r].taddr_len > WEFT_TRANSPORT_ADDR_MAX) {
-            st = weft_error(comm, WEFT_ERR_REMOTE, "rank %d published a bad address", r);
-            goto fail;
-        }
-        WEFT_CHECK_GOTO(comm->tops->connect(comm->tctx, r, all[r].taddr, all[r].taddr_len,
-                                            &comm->conns[r]),
-                        st, fail);
+    st = weft_bootstrap_init(comm, uid, rank, nranks, &me, sizeof(me), all, deadline, &comm->bs);
+    if (st != WEFT_OK) {
+        weft_tcp_ops.finalize(tcp_ctx);
+        goto fail;
     }
+    int local = 0;
+    for (int r = 0; r < nranks; r++) {
+        all[r].host[sizeof(all[r].host) - 1] = '\0'; /* peers' bytes: terminate */
+        local += strcmp(all[r].host, me.host) == 0;
+    }
+    weft_engine_tune(comm->eng, local);
+    WEFT_CHECK_GOTO(open_links(comm, &targs, tcp_ctx, all, deadline), st, fail);
     if (!weft_registry_add(&reg, comm)) {
         st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "cannot register the communicator");
         goto fail;

@@ -9,8 +9,10 @@
 #include <stdatomic.h>
 
 #include "internal.h"
+#include "topo.h"
 
 #define WEFT_ERRMSG_LEN 512
+#define WEFT_MAX_TRANSPORTS 2
 
 struct weft_bootstrap;
 struct weft_engine;
@@ -29,11 +31,18 @@ struct weft_comm {
     uint64_t timeout_ns;               /* WEFT_TIMEOUT_MS */
     unsigned algos;                    /* WEFT_ALGO: mask of enum weft_algo */
     struct weft_bootstrap *bs;
-    const struct weft_transport_ops *tops;
-    void *tctx;
+    /* The transports this rank opened (tcp always; shm when a peer shares
+     * this host) and, per peer, the one that carries its bytes. */
+    struct {
+        const struct weft_transport_ops *ops;
+        void *ctx;
+    } tp[WEFT_MAX_TRANSPORTS];
+    int ntp;
+    const struct weft_transport_ops **link_ops; /* (nranks) NULL for self */
+    struct weft_link_table topo;       /* per-pair transport and cost */
     void **conns;                      /* (nranks) */
-    uint8_t taddr[128];                /* our published transport address */
-    size_t taddr_len;                  /* (tcp: a union weft_sockaddr) */
+    uint8_t taddr[128];                /* our published tcp address */
+    size_t taddr_len;                  /* (a union weft_sockaddr) */
     struct weft_engine *eng;
     _Atomic int error;                 /* sticky weft_status_t */
     _Atomic int aborting;              /* weft_comm_abort in progress */
@@ -44,6 +53,10 @@ struct weft_comm {
 };
 
 struct weft_uid;
+/* Moves bytes on every transport; waits at most timeout_ms for an event. */
+weft_status_t weft_comm_progress(struct weft_comm *comm, int timeout_ms) WEFT_HIDDEN;
+/* Makes a blocked weft_comm_progress return soon; any thread. */
+void weft_comm_wakeup(struct weft_comm *comm) WEFT_HIDDEN;
 /* The whole init once the id is known; rank and nranks are checked. */
 weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct weft_uid *uid,
                                int rank) WEFT_HIDDEN;

@@ -187,7 +187,6 @@ static weft_status_t post_self(struct weft_engine *eng, struct weft_op *op, uint
 static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
 {
     struct weft_comm *comm = eng->comm;
-    const struct weft_transport_ops *t = comm->tops;
     uint32_t gen = ++eng->gen;
     int budget = SCAN_BUDGET;
     for (struct weft_op *op = eng->active; op && budget > 0; op = op->next) {
@@ -227,6 +226,8 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
                 *changed = true;
                 continue;
             }
+            const struct weft_transport_ops *t = comm->link_ops[s->peer];
+            void *conn = comm->conns[s->peer];
             switch (s->kind) {
             case WEFT_STEP_COPY: {
                 char *dst = step_ptr(op, s->buf, s->off);
@@ -239,18 +240,16 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
                 continue;
             }
             case WEFT_STEP_SEND:
-                st = t->isend(comm->conns[s->peer], step_ptr(op, s->buf, s->off), bytes, NULL,
-                              &op->treq[i]);
+                st = t->isend(conn, step_ptr(op, s->buf, s->off), bytes, NULL, &op->treq[i]);
                 break;
             case WEFT_STEP_RECV:
-                st = t->irecv(comm->conns[s->peer], step_ptr(op, s->buf, s->off), bytes, NULL,
-                              &op->treq[i]);
+                st = t->irecv(conn, step_ptr(op, s->buf, s->off), bytes, NULL, &op->treq[i]);
                 break;
             case WEFT_STEP_RECV_REDUCE: {
                 int32_t slot = eng->free_slots[--eng->nfree_slots];
                 op->slot[i] = slot;
-                st = t->irecv(comm->conns[s->peer], eng->staging + (size_t)slot * eng->chunk_bytes,
-                              bytes, NULL, &op->treq[i]);
+                st = t->irecv(conn, eng->staging + (size_t)slot * eng->chunk_bytes, bytes, NULL,
+                              &op->treq[i]);
                 if (st != WEFT_OK)
                     eng->free_slots[eng->nfree_slots++] = slot;
                 break;
@@ -305,7 +304,7 @@ static weft_status_t complete_posted(struct weft_engine *eng, struct weft_op *op
             *changed = true;
             continue;
         }
-        weft_status_t st = comm->tops->test(op->treq[i], &done, &got);
+        weft_status_t st = comm->link_ops[s->peer]->test(op->treq[i], &done, &got);
         if (st != WEFT_OK) {
             char label[160], why[WEFT_ERRMSG_LEN];
             op->st[i] = ST_DONE; /* the transport freed the request */
@@ -361,7 +360,7 @@ static weft_status_t drive_once(struct weft_engine *eng, bool *changed)
             WEFT_CHECK(start_op(eng, op));
     WEFT_CHECK(post_ready(eng, changed));
     if (eng->active)
-        WEFT_CHECK(comm->tops->progress(comm->tctx, 0));
+        WEFT_CHECK(weft_comm_progress(comm, 0));
     for (struct weft_op *op = eng->active; op; op = op->next)
         WEFT_CHECK(complete_posted(eng, op, changed));
     /* Retire finished ops; completion is reported in issue order. */
@@ -444,7 +443,7 @@ static void drive(struct weft_engine *eng, struct weft_op *until)
             continue;
         }
         uint64_t left_ms = (comm->timeout_ns - (now - eng->last_event_ns)) / 1000000 + 1;
-        st = comm->tops->progress(comm->tctx, (int)WEFT_MIN(left_ms, POLL_SLICE_MS));
+        st = weft_comm_progress(comm, (int)WEFT_MIN(left_ms, POLL_SLICE_MS));
         if (st != WEFT_OK)
             fail_all(eng, st);
     }
@@ -496,7 +495,7 @@ void weft_engine_submit(struct weft_comm *comm, struct weft_op *op, bool backgro
     pthread_cond_broadcast(&eng->cv);
     pthread_mutex_unlock(&eng->mu);
     if (wake)
-        comm->tops->wakeup(comm->tctx);
+        weft_comm_wakeup(comm);
 }
 
 weft_status_t weft_engine_wait(struct weft_comm *comm, struct weft_op *op)
@@ -572,11 +571,11 @@ void weft_engine_abort(struct weft_comm *comm, weft_status_t status)
     struct weft_engine *eng = comm->eng;
     weft_comm_fail(comm, status);
     atomic_store(&comm->aborting, 1);
-    comm->tops->wakeup(comm->tctx);
+    weft_comm_wakeup(comm);
     pthread_mutex_lock(&eng->mu);
     while (eng->driving) {
         pthread_mutex_unlock(&eng->mu);
-        comm->tops->wakeup(comm->tctx);
+        weft_comm_wakeup(comm);
         pthread_mutex_lock(&eng->mu);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);

@@ -83,8 +83,7 @@ void weft_engine_destroy(struct weft_engine *eng)
     bool joined = eng->thread_started;
     pthread_mutex_unlock(&eng->mu);
     if (joined) {
-        if (eng->comm->tops && eng->comm->tctx)
-            eng->comm->tops->wakeup(eng->comm->tctx);
+        weft_comm_wakeup(eng->comm);
         pthread_join(eng->thread, NULL);
     }
     while (eng->free_ops) {

@@ -34,6 +34,14 @@ struct body_ctx {
 
 int weft_test_child_init(weft_comm_t *comm, int nranks, const weft_unique_id_t *id, int rank)
 {
+    /* WEFT_TEST_HOSTS=K: the ranks pose as K hosts of consecutive ranks
+     * (shm inside each, tcp between them). */
+    const char *hosts = getenv("WEFT_TEST_HOSTS");
+    if (hosts && atoi(hosts) > 1) {
+        char id_[32];
+        snprintf(id_, sizeof(id_), "test-host-%d", rank * atoi(hosts) / nranks);
+        setenv("WEFT_HOSTID", id_, 1);
+    }
     weft_status_t st = weft_comm_init(comm, nranks, *id, rank);
     if (st != WEFT_OK) {
         weft_test_fail(rank, "weft_comm_init(%d ranks) returned %s: %s", nranks,

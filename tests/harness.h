@@ -68,7 +68,9 @@ int weft_test_job_exit_code(const struct weft_test_job *job, int rank);
 /* start + wait. */
 int weft_test_run(int nranks, int timeout_s, weft_test_body_t body, void *arg);
 
-/* In a child: init with the id, on failure print why; 0 on success. */
+/* In a child: init with the id, on failure print why; 0 on success.
+ * With WEFT_TEST_HOSTS=K in the environment, rank r first sets WEFT_HOSTID
+ * to host r*K/nranks, so one machine poses as K hosts. */
 int weft_test_child_init(weft_comm_t *comm, int nranks, const weft_unique_id_t *id, int rank);
 
 /* ---- reporting from children ----------------------------------------------- */

@@ -24,8 +24,8 @@
 
 #define MAXR 4
 
-/* The transport under test. */
-extern const struct weft_transport_ops *const T;
+/* The transport under test: &weft_tcp_ops unless the test defines T. */
+extern const struct weft_transport_ops *T;
 /* This process's rank in a child, -1 in the test process (for CHECK). */
 extern int g_rank;
 
@@ -36,7 +36,11 @@ struct world {
     uint64_t timeout_ms;
     uint64_t job;
     uint8_t secret[WEFT_SECRET_BYTES];
-    union weft_sockaddr addr[MAXR];
+    union weft_sockaddr addr[MAXR];  /* tcp: the table below as socket addresses */
+    /* The published addresses as opaque bytes, for any transport; for
+     * r >= nreal the test sets table[r] (or, for tcp, addr[r]) beforehand. */
+    uint8_t table[MAXR][WEFT_TRANSPORT_ADDR_MAX];
+    size_t tablelen[MAXR];
     pid_t pid[MAXR];
     int up[MAXR], down[MAXR];      /* test process's ends of each child's pipes */
     volatile uint64_t *kill_ns;    /* shared: when the test process killed a rank */
@@ -82,8 +86,8 @@ union weft_sockaddr loopback(uint16_t port);
 /* Fresh job id and secret, and the shared page for kill_ns. */
 void world_init(struct world *w, int nranks, int nreal, int nstreams, uint64_t timeout_ms);
 /* Forks the real ranks, each running fn once connected, and hands every
- * rank the table of addresses (w->addr[r] for r >= nreal is set by the test
- * beforehand). */
+ * rank the table of addresses (w->table[r] or w->addr[r] for r >= nreal is
+ * set by the test beforehand). */
 void world_start(struct world *w, int (*fn)(struct rank_env *));
 /* Waits for every child; those in killed_mask must have died of SIGKILL,
  * the others must have exited 0. */

@@ -729,6 +729,39 @@ Test(coll, ranks_5_streams_4_chunk_64k, .timeout = 200)
     run_ranks(5, 180);
 }
 
+/* Ranks on one host talk through shared memory by default; the same
+ * matrix over tcp alone, over shm alone, and mixed: one machine posing as
+ * two or three hosts (shm inside each, tcp between). */
+Test(coll, tcp_ranks_3, .timeout = 200)
+{
+    setenv("WEFT_TRANSPORT", "tcp", 1);
+    run_ranks(3, 180);
+}
+
+Test(coll, tcp_ranks_4, .timeout = 200)
+{
+    setenv("WEFT_TRANSPORT", "^shm", 1);
+    run_ranks(4, 180);
+}
+
+Test(coll, shm_only_ranks_5, .timeout = 200)
+{
+    setenv("WEFT_TRANSPORT", "shm", 1);
+    run_ranks(5, 180);
+}
+
+Test(coll, mixed_2_hosts_of_2, .timeout = 200)
+{
+    setenv("WEFT_TEST_HOSTS", "2", 1);
+    run_ranks(4, 180);
+}
+
+Test(coll, mixed_3_hosts_7_ranks, .timeout = 200)
+{
+    setenv("WEFT_TEST_HOSTS", "3", 1);
+    run_ranks(7, 180);
+}
+
 Test(coll, ranks_2_chunk_256, .timeout = 200)
 {
     setenv("WEFT_CHUNK_SIZE", "256", 1);

@@ -43,6 +43,10 @@ struct weft_transport_ops {
     /* Binds peer's published address to a conn; the transport may connect
      * now or on first use. */
     weft_status_t (*connect)(void *ctx, int peer, const void *addr, size_t addrlen, void **conn);
+    /* Optional: called once every rank of the communicator has connected to
+     * all its peers of this transport (after a barrier), e.g. to unlink
+     * shared-memory names nobody needs any more. */
+    weft_status_t (*ready)(void *ctx);
     /* Optional (NULL in tcp): memory handles for zero-copy transports. */
     weft_status_t (*reg_mem)(void *ctx, void *buf, size_t bytes, void **mh);
     weft_status_t (*dereg_mem)(void *ctx, void *mh);
@@ -66,5 +70,6 @@ struct weft_transport_ops {
 };
 
 extern const struct weft_transport_ops weft_tcp_ops WEFT_HIDDEN;
+extern const struct weft_transport_ops weft_shm_ops WEFT_HIDDEN;
 
 #endif /* WEFT_TRANSPORT_H */

@@ -549,6 +549,7 @@ const struct weft_transport_ops weft_tcp_ops = {
     .name = "tcp",
     .init = tcp_init,
     .connect = tcp_connect,
+    .ready = NULL,
     .reg_mem = NULL,
     .dereg_mem = NULL,
     .isend = tcp_isend,

@@ -1,0 +1,220 @@
+/*
+ * topo.h - what this host is made of (the probe: CPUs, NUMA nodes, caches,
+ * NICs, GPUs) and what connects each pair of ranks (the link table: a
+ * transport and its cost, alpha seconds per message plus beta seconds per
+ * byte).  The probe is topo.c; the table and the fit topo_link.c; the
+ * topology file topo_file.c.
+ *
+ * Topology file (WEFT_TOPO_FILE)
+ * ------------------------------
+ * Plain text, one directive a line; '#' starts a comment that runs to the
+ * end of the line; blank lines are ignored; tokens are separated by spaces
+ * or tabs.  Three directives:
+ *
+ *   default <shm|tcp|self> KEY=VALUE...
+ *       the cost of every link of that transport that nothing below names
+ *   hosts <pattern-a> <pattern-b> [shm|tcp] [KEY=VALUE...]
+ *       every pair of distinct ranks, one on a host whose id matches a and
+ *       the other on one that matches b (either way round).  Patterns match
+ *       the whole host id (WEFT_HOSTID, or hostname/boot-id); '*' matches
+ *       any run of characters, '?' one character, anything else itself.
+ *   pair <rank-i> <rank-j> [shm|tcp] [KEY=VALUE...]
+ *       the pair i, j (both directions; i != j)
+ *
+ * KEYs: alpha_us (latency per message, microseconds, 0 to 1e7),
+ *       gbps     (bandwidth in GB/s = 1e9 bytes/s, as nccl-tests prints it;
+ *                 1e-6 to 1e5),
+ *       gbit     (bandwidth in Gbit/s; 8e-6 to 8e5; one of gbps/gbit).
+ * Naming a transport forces it for those pairs; shm only joins ranks of one
+ * host, and a transport WEFT_TRANSPORT excludes cannot be forced.
+ *
+ * Which value a pair gets: its transport is the default choice (self for
+ * i == j; shm on one host when allowed; tcp otherwise), then every
+ * matching `hosts` line in file order, then every `pair` line in file
+ * order — the last one that names a transport wins.  Its cost starts from
+ * that transport's `default`, then a calibration measurement
+ * (weft_topo_table_set_measured) for that transport, then the KEYs of the
+ * matching `hosts` and `pair` lines in file order, each line counting only
+ * if it names no transport or the one the pair ended up with.  So the file
+ * is the operator's last word, and calibration beats only the defaults.
+ *
+ *   # two racks joined by a slow uplink
+ *   default tcp  alpha_us=15 gbit=25
+ *   hosts rackA-* rackB-* alpha_us=40 gbit=10
+ *   pair 0 3 tcp alpha_us=200 gbps=0.125
+ *
+ * Errors name the file, the line and the offending token.  Lines are at
+ * most 1024 bytes; control characters other than tab (and a CR before the
+ * newline) are refused anywhere, bytes >= 0x80 only inside comments.  A
+ * file that fails changes nothing in the table.
+ */
+#ifndef WEFT_TOPO_H
+#define WEFT_TOPO_H
+
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "internal.h"
+
+/* ---- the probe (topo.c) -------------------------------------------------- */
+
+#define WEFT_TOPO_MAX_NUMA 64
+#define WEFT_TOPO_MAX_NICS 64
+#define WEFT_TOPO_MAX_GPUS 64
+
+struct weft_topo_numa {
+    int id;            /* the OS's node number */
+    int ncpus;         /* CPUs in cpus */
+    int64_t mem_bytes; /* -1: unknown */
+    cpu_set_t cpus;
+};
+
+struct weft_topo_nic {
+    char name[32];
+    char bus_id[24];  /* PCI "0000:03:00.0", "virtual", or "" unknown */
+    char state[16];   /* operstate: "up", "down", ... or "" unknown */
+    int numa;         /* -1: unknown */
+    int speed_mbps;   /* -1: unknown (virtual, link down, not reported) */
+};
+
+struct weft_topo_gpu {
+    char bus_id[24];
+    unsigned device_id; /* PCI device id (vendor is always NVIDIA, 0x10de) */
+    int numa;           /* -1: unknown */
+};
+
+/* A snapshot of this host, filled by weft_topo_probe*.  Every count or size
+ * is -1 when it could not be read (nnuma/nnics/ngpus are 0 then); the
+ * strings are "" when unknown.  Arrays keep the first WEFT_TOPO_MAX_* found,
+ * *_found counts them all.  Plain data: copy it, free nothing. */
+struct weft_topo {
+    char source[32];     /* "hwloc 2.9.0" or "sysfs": who described CPUs/caches/NUMA */
+    char cpu_model[128];
+    int sockets, cores, threads; /* threads: hardware threads (PUs) online */
+    int64_t l2_bytes, l3_bytes;  /* one instance of the cache */
+    int l3_cpus;                 /* CPUs sharing one L3 */
+    int nnuma;
+    struct weft_topo_numa numa[WEFT_TOPO_MAX_NUMA];
+    int nnics, nics_found;       /* always from /sys/class/net (so virtual ones show) */
+    struct weft_topo_nic nics[WEFT_TOPO_MAX_NICS];
+    int ngpus, gpus_found;       /* PCI class 0x03xxxx, vendor 0x10de */
+    struct weft_topo_gpu gpus[WEFT_TOPO_MAX_GPUS];
+    int nallowed;                /* CPUs this process may run on */
+    cpu_set_t allowed;
+};
+
+/* Describes this host: with hwloc when weft was built with it and hwloc
+ * loads, else from /sys and /proc.  Never fails: whatever cannot be read
+ * (containers, network namespaces, odd kernels) is left unknown.  hwloc's
+ * part (CPUs, caches, NUMA, GPUs) is read once per process; NICs and the
+ * allowed CPUs at every call.  Thread-safe. */
+void weft_topo_probe(struct weft_topo *t) WEFT_HIDDEN;
+/* The sysfs reader only, on root/sys/... and root/proc/... (tests point it
+ * at fixture trees; "" or "/" is the real one).  The allowed CPUs come from
+ * root/proc/self/status when root is not the real one. */
+void weft_topo_probe_root(struct weft_topo *t, const char *root) WEFT_HIDDEN;
+/* A readable multi-line summary. */
+void weft_topo_print(const struct weft_topo *t, FILE *f) WEFT_HIDDEN;
+/* Writes s as a cpulist ("0-3,8,10-11"; "" when empty) into buf. */
+void weft_topo_cpulist(const cpu_set_t *s, char *buf, size_t len) WEFT_HIDDEN;
+
+/* ---- the link table (topo_link.c) ----------------------------------------- */
+
+enum weft_link_transport { WEFT_LINK_SELF, WEFT_LINK_SHM, WEFT_LINK_TCP, WEFT_LINK_NTRANSPORTS };
+#define WEFT_LINK_ALLOW_ALL ((1u << WEFT_LINK_SHM) | (1u << WEFT_LINK_TCP))
+/* "self", "shm", "tcp"; "?" out of range. */
+const char *weft_link_transport_name(int transport) WEFT_HIDDEN;
+
+/* Defaults, from docs/MEASURED figures of the development machine (2 cores):
+ * shm: flag ping-pong 0.27 us one way, Open MPI's 8 B shm allreduce 0.55 us;
+ * the shm ring and process_vm_readv move 11-19 GB/s at chunk sizes, 6.5-17
+ * for 64 MiB.  tcp: loopback 8 B ping-pong 9-14 us one way, iperf3 14 Gbit/s
+ * on one stream.  self: memcpy 14-44 GB/s. */
+#define WEFT_LINK_SHM_ALPHA 0.5e-6
+#define WEFT_LINK_SHM_BETA (1.0 / 12e9)
+#define WEFT_LINK_TCP_ALPHA 12e-6
+#define WEFT_LINK_TCP_BETA (1.0 / 1.75e9)
+#define WEFT_LINK_SELF_ALPHA 0.1e-6
+#define WEFT_LINK_SELF_BETA (1.0 / 17e9)
+
+/* Where a link's cost came from. */
+enum weft_link_source { WEFT_LINK_FROM_DEFAULT, WEFT_LINK_FROM_MEASURED, WEFT_LINK_FROM_FILE };
+
+/* One direction of one pair, as weft_topo_table_get computes it. */
+struct weft_link {
+    int transport; /* enum weft_link_transport */
+    int source;    /* enum weft_link_source of the cost */
+    int line;      /* the file line that set the cost last (source FILE), else 0 */
+    double alpha;  /* seconds per message */
+    double beta;   /* seconds per byte */
+};
+
+struct weft_link_rules; /* topo_link.c */
+
+/* Per-pair transport and cost for n ranks, stored as host layout +
+ * per-transport defaults + sparse overrides, so 10,000 ranks cost O(n)
+ * memory, not n^2.  Owner: whoever called weft_topo_table_init, which
+ * releases it with weft_topo_table_fini.  Invariants: 0 <= host[r] <
+ * nhosts; hosts are numbered by their first rank; allowed has at least
+ * one of shm/tcp, and tcp whenever nhosts > 1. */
+struct weft_link_table {
+    int n;                 /* ranks */
+    int nhosts;
+    int *host;             /* (n) host index of each rank */
+    char **hostid;         /* (nhosts) owned copies of the host ids */
+    unsigned allowed;      /* 1u << WEFT_LINK_SHM | 1u << WEFT_LINK_TCP */
+    double alpha[WEFT_LINK_NTRANSPORTS]; /* defaults, seconds */
+    double beta[WEFT_LINK_NTRANSPORTS];  /* defaults, seconds per byte */
+    struct weft_link_rules *rules;       /* file lines and measurements */
+};
+
+/* WEFT_TRANSPORT ("shm,tcp", "tcp", "^shm"; "" allows all) -> allowed mask.
+ * An unknown name or a list that leaves nothing is WEFT_ERR_INVALID_ARG,
+ * with a message in err. */
+weft_status_t weft_topo_parse_transports(const char *spec, unsigned *allowed, char *err,
+                                         size_t errlen) WEFT_HIDDEN;
+/* Builds the default table: hostid[r] is rank r's host identity (NULL: all
+ * on one host; the strings are copied).  Ranks on different hosts need tcp
+ * in allowed, else WEFT_ERR_INVALID_ARG naming them.  On error *tab is left
+ * empty (fini is still safe). */
+weft_status_t weft_topo_table_init(struct weft_link_table *tab, int n, const char *const *hostid,
+                                   unsigned allowed, char *err, size_t errlen) WEFT_HIDDEN;
+/* Releases what init allocated; accepts NULL and a zeroed or failed table. */
+void weft_topo_table_fini(struct weft_link_table *tab) WEFT_HIDDEN;
+/* (topo_file.c) Applies a topology file (format above); may be called more than once,
+ * later files stacking on earlier ones.  WEFT_ERR_SYSTEM when it cannot be
+ * read, WEFT_ERR_INVALID_ARG on a bad line; either way err says why and the
+ * table is unchanged. */
+weft_status_t weft_topo_table_load(struct weft_link_table *tab, const char *path, char *err,
+                                   size_t errlen) WEFT_HIDDEN;
+/* The same on text in memory (len bytes, NULs included); name is what
+ * messages call it. */
+weft_status_t weft_topo_table_parse(struct weft_link_table *tab, const char *text, size_t len,
+                                    const char *name, char *err, size_t errlen) WEFT_HIDDEN;
+/* Replaces a transport's default cost (say, tcp from the NIC's speed). */
+weft_status_t weft_topo_table_set_default(struct weft_link_table *tab, int transport,
+                                          double alpha, double beta) WEFT_HIDDEN;
+/* Records a calibration result for the pair i, j (both directions) on the
+ * transport the pair uses now.  alpha, beta finite and >= 0. */
+weft_status_t weft_topo_table_set_measured(struct weft_link_table *tab, int i, int j,
+                                           double alpha, double beta) WEFT_HIDDEN;
+/* The link from i to j; WEFT_ERR_INVALID_ARG when a rank is out of range. */
+weft_status_t weft_topo_table_get(const struct weft_link_table *tab, int i, int j,
+                                  struct weft_link *out) WEFT_HIDDEN;
+/* Layout, defaults, a transport matrix (up to 64 ranks) and every distinct
+ * link cost with how many pairs have it and where it came from. */
+void weft_topo_table_print(const struct weft_link_table *tab, FILE *f) WEFT_HIDDEN;
+
+/* ---- calibration (topo_link.c) -------------------------------------------- */
+
+/* Fits seconds = alpha + beta * bytes to n one-way ping-pong times, in
+ * relative terms (a 5% miss at 8 B weighs what a 5% miss at 64 MiB does).
+ * Repeats of one size are reduced to their median first; with four or more
+ * sizes left, one size that misses the fit of the others badly (> 50% and
+ * > 5x their spread) is dropped.  alpha, beta >= 0.  Needs two distinct
+ * sizes, finite bytes >= 0 and seconds > 0: else WEFT_ERR_INVALID_ARG. */
+weft_status_t weft_topo_fit(const double *bytes, const double *seconds, int n, double *alpha,
+                            double *beta) WEFT_HIDDEN;
+
+#endif /* WEFT_TOPO_H */

@@ -1,0 +1,237 @@
+/*
+ * shm.h - private to the shared-memory transport: the layout of a rank's
+ * segment (one incoming ring per peer), the address it publishes, and the
+ * request, connection and context structs shared by the data path (shm.c)
+ * and setup (shm_setup.c).
+ */
+#ifndef WEFT_TRANSPORT_SHM_H
+#define WEFT_TRANSPORT_SHM_H
+
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "src/comm.h"
+#include "transports/transport.h"
+
+#define SHM_SEG_MAGIC 0x31304d5354464557ull /* "WEFTSM01" in memory */
+#define SHM_ADDR_MAGIC 0x41534657u          /* "WFSA" */
+#define SHM_VERSION 1
+#define SHM_LINE 64
+#define SHM_ERRMSG_LEN 384
+#define SHM_WHY_LEN SHM_ERRMSG_LEN          /* a failure reason, as the peer reads it */
+#define SHM_REQ_SLAB 64
+#define SHM_CHECK_NS (100ull * 1000000ull)  /* a stalled peer's pid is checked this often */
+#ifndef SHM_CMA_CHUNK
+#define SHM_CMA_CHUNK (4u << 20)            /* bytes per process_vm_readv call */
+#endif
+
+/* Defaults of the parameters (read with getenv until the param table has
+ * them; see shm_setup.c for WEFT_SHM_CMA_MIN's default and why). */
+#define SHM_DEFAULT_SLOTS 8
+#define SHM_DEFAULT_SLOT_BYTES (256u << 10)
+#define SHM_DEFAULT_DIR "/dev/shm"
+
+/* What a slot carries (shm_slot.kind). */
+enum { SHM_KIND_DATA = 1, SHM_KIND_CMA = 2 };
+
+/*
+ * The descriptor of one slot, one cache line.  Owner: whoever `full` says
+ * (0: the producer may write the slot, 1: the consumer may read it); the
+ * flag is stored with release after every other field and loaded with
+ * acquire before any is read.  Everything here comes from another process:
+ * the reader copies it once and checks it before use.
+ */
+struct shm_slot {
+    alignas(SHM_LINE) _Atomic uint32_t full;
+    uint32_t kind;      /* SHM_KIND_* */
+    uint64_t seq;       /* message number in this direction */
+    uint64_t msglen;    /* bytes of the whole message */
+    uint64_t off;       /* DATA: offset of this chunk in the message */
+    uint64_t len;       /* DATA: bytes in this slot's data */
+    uint64_t addr;      /* CMA: the message in the producer's memory */
+    uint32_t nack;      /* CMA, set by the consumer: "could not pull, send it through the ring" */
+};
+
+/*
+ * The header of one ring (producer: the peer, consumer: the segment's
+ * owner), followed by its slot descriptors; the slot data follows at the
+ * next page.  The consumer's line is written only by the consumer, the
+ * producer's line only by the producer, so neither bounces.
+ */
+struct shm_ring {
+    /* Consumer's control line(s): whether it can pull by CMA, and its
+     * failure record (why is written before failed is released). */
+    alignas(SHM_LINE) _Atomic uint32_t cma_ok;
+    _Atomic uint32_t failed;
+    char why[SHM_WHY_LEN];
+    alignas(SHM_LINE) _Atomic uint64_t head; /* slots filled so far (producer) */
+    alignas(SHM_LINE) _Atomic uint64_t tail; /* slots emptied so far (consumer) */
+    struct shm_slot slot[];                  /* (nslots) */
+};
+
+/*
+ * The first page of a rank's segment.  Written once by the owner at init,
+ * except doorbell (incremented by any peer that made progress toward the
+ * owner while it sleeps; the owner's futex word) and sleeping (the owner).
+ */
+struct shm_seg {
+    uint64_t magic;
+    uint32_t version;
+    int32_t rank, nranks;
+    int32_t pid;
+    uint64_t job;
+    uint32_t nslots;
+    uint32_t pad_;
+    uint64_t slot_bytes;   /* bytes of data per slot */
+    uint64_t hdr_bytes;    /* this header, rounded up to a page */
+    uint64_t ring_bytes;   /* per ring: header page(s) + slot data */
+    uint64_t ring_hdr_bytes;
+    uint64_t seg_bytes;
+    uint64_t probe_addr;   /* a word in the owner's memory, read to test CMA */
+    uint64_t probe_value;
+    alignas(SHM_LINE) _Atomic uint32_t doorbell;
+    _Atomic uint32_t sleeping;
+};
+
+/* The published address (WEFT_TRANSPORT_ADDR_MAX bytes at most). */
+#define SHM_ADDR_PATH 1u /* name is a file path (WEFT_SHM_DIR), not a shm_open name */
+struct shm_addr {
+    uint32_t magic, version;
+    int32_t pid, rank;
+    uint32_t flags;
+    char name[WEFT_TRANSPORT_ADDR_MAX - 20];
+};
+_Static_assert(sizeof(struct shm_addr) <= WEFT_TRANSPORT_ADDR_MAX,
+               "a published shm address must fit WEFT_TRANSPORT_ADDR_MAX");
+
+struct shm_ctx;
+struct shm_conn;
+
+/*
+ * One isend or irecv.  Owner: the transport (recycled through ctx's free
+ * list); the caller borrows the handle until test() reports it done or
+ * failed.  While status is WEFT_INPROGRESS it sits in its conn's queue.
+ */
+struct shm_req {
+    struct shm_req *next;
+    struct shm_conn *conn;
+    char *buf;
+    size_t len;             /* bytes posted */
+    size_t msglen;          /* bytes of the message (recv: from its first slot) */
+    size_t done;            /* send: bytes put in slots; recv: bytes taken out */
+    uint64_t seq;           /* message number in this direction of conn */
+    uint64_t cma_slot;      /* send by CMA: ring position of its slot */
+    weft_status_t status;   /* INPROGRESS, OK or the failure */
+    bool started;           /* a slot of it has been written (send) or read (recv) */
+    bool cma;               /* send: published for the peer to pull; waits for the ack */
+    bool no_cma;            /* send: the peer refused to pull it; the ring carries it */
+};
+
+/*
+ * Everything toward one peer.  Owner: ctx (conns[peer]), made by connect,
+ * freed at finalize.  tx is our ring in the peer's segment (mapped here),
+ * rx the peer's ring in ours.  err is OK until the first failure, then
+ * sticky: both queues are empty and stay so.  `active` <=> linked into
+ * ctx's work list <=> a queue is not empty.
+ */
+struct shm_conn {
+    struct shm_ctx *ctx;
+    int peer;
+    pid_t pid;
+    int pidfd;                          /* -1: checked with kill() (or not at all) */
+    bool pid_visible;                   /* false: the peer's pid is not ours to check */
+    bool active, moved;                 /* moved: since the last liveness check */
+    struct shm_conn *prev, *next;       /* ctx work list */
+    struct shm_addr addr;
+    /* Send side. */
+    struct shm_seg *peer_seg;           /* the first page(s) of the peer's segment */
+    size_t peer_seg_bytes;
+    struct shm_ring *tx;
+    char *tx_data;                      /* (tx_nslots, tx_slot_bytes) */
+    void *tx_map;
+    size_t tx_map_bytes;
+    uint32_t tx_nslots;
+    size_t tx_slot_bytes;
+    /* Receive side (geometry of ctx). */
+    struct shm_ring *rx;
+    char *rx_data;
+    uint64_t nsend, nrecv;              /* messages posted per direction */
+    struct shm_req *sq, *sq_tail;       /* sends, oldest first */
+    struct shm_req *rq, *rq_tail;       /* receives, oldest first */
+    weft_status_t err;
+    char errmsg[SHM_ERRMSG_LEN];
+};
+
+struct shm_slab {
+    struct shm_slab *next;
+    struct shm_req reqs[SHM_REQ_SLAB];
+};
+
+/* Counters for tests and logs; one context's view. */
+struct weft_shm_stats {
+    uint64_t ring_sends;   /* messages sent through the ring */
+    uint64_t cma_sends;    /* messages the peer pulled with process_vm_readv */
+    uint64_t cma_nacks;    /* CMA sends the peer refused (resent through the ring) */
+    uint64_t cma_pulls;    /* messages we pulled */
+    uint64_t sleeps;       /* futex waits */
+};
+
+/*
+ * One rank's transport.  Owner: the engine, through init/finalize.  Used by
+ * one thread at a time, except wake_pending and the doorbell (wakeup, any
+ * thread).  seg is our segment, mapped for the whole context; its name is
+ * unlinked by ready() or finalize.
+ */
+struct shm_ctx {
+    struct weft_comm *comm;
+    int rank, nranks;
+    pid_t pid;
+    uint64_t job;
+    struct shm_seg *seg;
+    size_t seg_bytes;
+    char name[sizeof(((struct shm_addr *)0)->name)];
+    bool use_path, unlinked;
+    uint32_t nslots;
+    size_t slot_bytes, ring_hdr_bytes, ring_bytes, page;
+    size_t cma_min;                     /* sends this long or longer go by CMA; 0: never */
+    bool cma_broken;                    /* we cannot pull (EPERM/ENOSYS): ring only */
+    volatile uint64_t probe;            /* read by peers to test CMA */
+    _Atomic uint32_t wake_pending;
+    struct shm_conn **conns;            /* (nranks) NULL until connected */
+    struct shm_conn *work;              /* conns with requests */
+    size_t nactive;
+    unsigned passes;
+    uint64_t next_check;                /* ns: next liveness check of stalled peers */
+    struct shm_req *free_reqs;
+    struct shm_slab *slabs;
+    struct weft_shm_stats stats;
+};
+
+/* ---- shm.c ---------------------------------------------------------------- */
+
+/* Fails conn for good: records why, tells the peer through our ring's
+ * failure record, fails every queued request. */
+void shm_conn_fail(struct shm_conn *c, weft_status_t status, const char *fmt, ...)
+    WEFT_HIDDEN WEFT_PRINTF(3, 4);
+/* Rings the peer's doorbell if it sleeps (after a fence: see shm.c). */
+void shm_signal(struct shm_conn *c) WEFT_HIDDEN;
+
+/* ---- shm_setup.c ---------------------------------------------------------- */
+
+weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void *addr,
+                       size_t *addrlen) WEFT_HIDDEN;
+weft_status_t shm_connect(void *vctx, int peer, const void *addr, size_t addrlen,
+                          void **vconn) WEFT_HIDDEN;
+weft_status_t shm_ready(void *vctx) WEFT_HIDDEN;
+void shm_finalize(void *vctx) WEFT_HIDDEN;
+/* True when the peer's process has exited (or is a zombie). */
+bool shm_peer_dead(struct shm_conn *c) WEFT_HIDDEN;
+
+/* For tests and benchmarks: this context's counters. */
+void weft_shm_get_stats(void *ctx, struct weft_shm_stats *out) WEFT_HIDDEN;
+
+#endif /* WEFT_TRANSPORT_SHM_H */

@@ -1,0 +1,509 @@
+/*
+ * shm_setup.c - shared-memory transport setup: the parameters, our segment
+ * (created, reserved and touched once at init, unlinked by ready()), the
+ * mapping of a peer's segment at connect, the CMA probe, the liveness
+ * check of a peer's process, and finalize.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "src/comm.h"
+#include "transports/shm/shm.h"
+#include "transports/transport.h"
+
+/*
+ * WEFT_SHM_CMA_MIN's default.  Measured on the 2-vCPU machines of
+ * MEASURED.md, 2 processes, ping-pong through this transport (one way):
+ *   ring (8 x 256 KiB): 1 MiB ~X GB/s, 16 MiB ~X, 64 MiB ~X
+ *   CMA:                1 MiB ~X GB/s, 16 MiB ~X, 64 MiB ~X
+ * (see the report of the shm transport; filled in below once measured).
+ */
+#define SHM_DEFAULT_CMA_MIN 0
+
+static size_t round_up(size_t v, size_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+/* Index of sender's ring in a segment owned by rank owner. */
+static int ring_index(int owner, int sender)
+{
+    return sender < owner ? sender : sender - 1;
+}
+
+/* An integer parameter from the environment (getenv until the param table
+ * has it): dflt when unset, an error naming it when out of [lo, hi]. */
+static weft_status_t env_size(const struct weft_transport_init *args, const char *name,
+                              int64_t dflt, int64_t lo, int64_t hi, int64_t *out)
+{
+    const char *v = getenv(name);
+    *out = dflt;
+    if (v == NULL || *v == '\0')
+        return WEFT_OK;
+    if (!weft_parse_size(v, out) || *out < lo || *out > hi)
+        return weft_error(args->comm, WEFT_ERR_INVALID_ARG,
+                          "%s=%s is not a size in %lld..%lld", name, v, (long long)lo,
+                          (long long)hi);
+    return WEFT_OK;
+}
+
+static int seg_open(const struct shm_ctx *ctx, const char *name, bool path, int flags)
+{
+    if (path)
+        return open(name, flags | O_CLOEXEC | O_NOFOLLOW, 0600);
+    return shm_open(name, flags, 0600);
+}
+
+static int seg_unlink(const char *name, bool path)
+{
+    return path ? unlink(name) : shm_unlink(name);
+}
+
+static bool pid_alive(pid_t pid)
+{
+    return kill(pid, 0) == 0 || errno == EPERM;
+}
+
+/* A segment of our name exists: a crashed earlier run of the same job (a
+ * fixed WEFT_ROOT and secret give the same job number) is removed, a live
+ * owner is an error. */
+static weft_status_t seg_stale(struct shm_ctx *ctx)
+{
+    int fd = seg_open(ctx, ctx->name, ctx->use_path, O_RDONLY);
+    struct shm_seg old;
+    memset(&old, 0, sizeof(old));
+    if (fd >= 0) {
+        if (pread(fd, &old, sizeof(old), 0) != (ssize_t)sizeof(old))
+            memset(&old, 0, sizeof(old));
+        close(fd);
+    }
+    if (old.magic == SHM_SEG_MAGIC && old.pid > 0 && old.pid != ctx->pid && pid_alive(old.pid))
+        return weft_error(ctx->comm, WEFT_ERR_SYSTEM,
+                          "rank %d: shared-memory segment %s exists and belongs to the live "
+                          "process %d (is rank %d of this job running twice?)",
+                          ctx->rank, ctx->name, (int)old.pid, ctx->rank);
+    WEFT_WARN(WEFT_SUB_NET, "rank %d: removing the stale shared-memory segment %s (pid %d is gone)",
+              ctx->rank, ctx->name, (int)old.pid);
+    if (seg_unlink(ctx->name, ctx->use_path) < 0 && errno != ENOENT)
+        return weft_error(ctx->comm, WEFT_ERR_SYSTEM,
+                          "rank %d: cannot remove the stale shared-memory segment %s: %s",
+                          ctx->rank, ctx->name, strerror(errno));
+    return WEFT_OK;
+}
+
+/* The error of a failed reservation or mapping of our segment in dir. */
+static weft_status_t seg_error(struct shm_ctx *ctx, int fd, const char *dir, const char *what,
+                               int err)
+{
+    if (err == ENOSPC) {
+        struct statvfs sv;
+        unsigned long long avail = 0;
+        if (fstatvfs(fd, &sv) == 0)
+            avail = (unsigned long long)sv.f_bavail * sv.f_frsize;
+        return weft_error(ctx->comm, WEFT_ERR_SYSTEM,
+                          "rank %d: cannot create the shared-memory segment %s: %s is full "
+                          "(%llu bytes free, %zu needed for %d ring%s of %u slots x %zu bytes; "
+                          "see WEFT_SHM_SLOTS and WEFT_SHM_SLOT_BYTES)",
+                          ctx->rank, ctx->name, dir, avail, ctx->seg_bytes, ctx->nranks - 1,
+                          ctx->nranks == 2 ? "" : "s", ctx->nslots, ctx->slot_bytes);
+    }
+    return weft_error(ctx->comm, err == ENOMEM ? WEFT_ERR_NO_MEMORY : WEFT_ERR_SYSTEM,
+                      "rank %d: cannot %s the shared-memory segment %s of %zu bytes: %s",
+                      ctx->rank, what, ctx->name, ctx->seg_bytes, strerror(err));
+}
+
+/* Creates, reserves, maps and touches our segment and fills its header. */
+static weft_status_t seg_create(struct shm_ctx *ctx, const char *dir)
+{
+    int fd = -1;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        fd = seg_open(ctx, ctx->name, ctx->use_path, O_RDWR | O_CREAT | O_EXCL);
+        if (fd >= 0 || errno != EEXIST || attempt == 1)
+            break;
+        WEFT_CHECK(seg_stale(ctx));
+    }
+    if (fd < 0)
+        return weft_error(ctx->comm, WEFT_ERR_SYSTEM,
+                          "rank %d: cannot create the shared-memory segment %s in %s: %s",
+                          ctx->rank, ctx->name, dir, strerror(errno));
+    weft_status_t st;
+    /* Reserve every page now: a full /dev/shm is an error here instead of a
+     * SIGBUS on first touch. */
+    int rc = fallocate(fd, 0, 0, (off_t)ctx->seg_bytes);
+    if (rc < 0 && (errno == EOPNOTSUPP || errno == ENOSYS))
+        rc = ftruncate(fd, (off_t)ctx->seg_bytes);
+    if (rc < 0) {
+        st = seg_error(ctx, fd, dir, "reserve", errno);
+        goto fail;
+    }
+    void *p = mmap(NULL, ctx->seg_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p == MAP_FAILED) {
+        st = seg_error(ctx, fd, dir, "map", errno);
+        goto fail;
+    }
+    close(fd);
+    ctx->seg = p;
+    /* First touch costs ~18 us a page in a fresh segment: pay it now, not
+     * in the data path. */
+    for (size_t off = 0; off < ctx->seg_bytes; off += ctx->page)
+        ((volatile char *)p)[off] = 0;
+    struct shm_seg *s = ctx->seg;
+    s->magic = SHM_SEG_MAGIC;
+    s->version = SHM_VERSION;
+    s->rank = ctx->rank;
+    s->nranks = ctx->nranks;
+    s->pid = (int32_t)ctx->pid;
+    s->job = ctx->job;
+    s->nslots = ctx->nslots;
+    s->slot_bytes = ctx->slot_bytes;
+    s->hdr_bytes = round_up(sizeof(struct shm_seg), ctx->page);
+    s->ring_bytes = ctx->ring_bytes;
+    s->ring_hdr_bytes = ctx->ring_hdr_bytes;
+    s->seg_bytes = ctx->seg_bytes;
+    ctx->probe = SHM_SEG_MAGIC ^ ctx->job ^ (uint64_t)ctx->pid;
+    s->probe_addr = (uint64_t)(uintptr_t)&ctx->probe;
+    s->probe_value = ctx->probe;
+    return WEFT_OK;
+fail:
+    close(fd);
+    seg_unlink(ctx->name, ctx->use_path);
+    return st;
+}
+
+weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void *addr,
+                       size_t *addrlen)
+{
+    if (args == NULL || vctx == NULL || addr == NULL || addrlen == NULL)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "shm init: NULL argument");
+    *vctx = NULL;
+    if (args->nranks < 1 || args->rank < 0 || args->rank >= args->nranks)
+        return weft_error_quiet(args->comm, WEFT_ERR_INVALID_ARG,
+                                "shm init: rank %d of %d ranks is not valid", args->rank,
+                                args->nranks);
+    if (*addrlen < sizeof(struct shm_addr))
+        return weft_error_quiet(args->comm, WEFT_ERR_INVALID_ARG,
+                                "shm init: address buffer of %zu bytes, %zu needed", *addrlen,
+                                sizeof(struct shm_addr));
+    int64_t nslots, slot_bytes, cma_min;
+    WEFT_CHECK(env_size(args, "WEFT_SHM_SLOTS", SHM_DEFAULT_SLOTS, 1, 1024, &nslots));
+    WEFT_CHECK(env_size(args, "WEFT_SHM_SLOT_BYTES", SHM_DEFAULT_SLOT_BYTES, 4096, 1 << 30,
+                        &slot_bytes));
+    WEFT_CHECK(env_size(args, "WEFT_SHM_CMA_MIN", SHM_DEFAULT_CMA_MIN, 0, INT64_MAX, &cma_min));
+    const char *dir = getenv("WEFT_SHM_DIR");
+    if (dir == NULL || *dir == '\0')
+        dir = SHM_DEFAULT_DIR;
+
+    struct shm_ctx *ctx = calloc(1, sizeof(*ctx));
+    if (ctx == NULL)
+        return weft_error(args->comm, WEFT_ERR_NO_MEMORY, "shm init: out of memory");
+    weft_status_t st;
+    ctx->comm = args->comm;
+    ctx->rank = args->rank;
+    ctx->nranks = args->nranks;
+    ctx->job = args->job;
+    ctx->pid = getpid();
+    ctx->page = (size_t)sysconf(_SC_PAGESIZE);
+    ctx->nslots = (uint32_t)nslots;
+    ctx->slot_bytes = round_up((size_t)slot_bytes, ctx->page);
+    ctx->cma_min = (size_t)cma_min;
+    ctx->ring_hdr_bytes =
+        round_up(sizeof(struct shm_ring) + ctx->nslots * sizeof(struct shm_slot), ctx->page);
+    ctx->ring_bytes = ctx->ring_hdr_bytes + ctx->nslots * ctx->slot_bytes;
+    size_t hdr = round_up(sizeof(struct shm_seg), ctx->page);
+    if ((size_t)(args->nranks - 1) > (SIZE_MAX / 2 - hdr) / ctx->ring_bytes) {
+        st = weft_error(args->comm, WEFT_ERR_INVALID_ARG,
+                        "rank %d: %d rings of %zu bytes do not fit in memory", args->rank,
+                        args->nranks - 1, ctx->ring_bytes);
+        goto fail;
+    }
+    ctx->seg_bytes = hdr + (size_t)(args->nranks - 1) * ctx->ring_bytes;
+    ctx->conns = calloc((size_t)args->nranks, sizeof(*ctx->conns));
+    if (ctx->conns == NULL) {
+        st = weft_error(args->comm, WEFT_ERR_NO_MEMORY, "shm init: out of memory");
+        goto fail;
+    }
+    ctx->use_path = strcmp(dir, "/dev/shm") != 0 && strcmp(dir, "/dev/shm/") != 0;
+    int len = ctx->use_path ? snprintf(ctx->name, sizeof(ctx->name), "%s/weft-%016" PRIx64 "-%d",
+                                       dir, ctx->job, ctx->rank)
+                            : snprintf(ctx->name, sizeof(ctx->name), "/weft-%016" PRIx64 "-%d",
+                                       ctx->job, ctx->rank);
+    if (len < 0 || (size_t)len >= sizeof(ctx->name)) {
+        st = weft_error(args->comm, WEFT_ERR_INVALID_ARG,
+                        "WEFT_SHM_DIR=%s is too long for a segment name (%zu bytes at most)", dir,
+                        sizeof(ctx->name) - 30);
+        goto fail;
+    }
+    uint64_t t0 = weft_now_ns();
+    st = seg_create(ctx, dir);
+    if (st < 0)
+        goto fail; /* seg_create removed what it made */
+    struct shm_addr a;
+    memset(&a, 0, sizeof(a));
+    a.magic = SHM_ADDR_MAGIC;
+    a.version = SHM_VERSION;
+    a.pid = (int32_t)ctx->pid;
+    a.rank = ctx->rank;
+    a.flags = ctx->use_path ? SHM_ADDR_PATH : 0;
+    memcpy(a.name, ctx->name, sizeof(a.name));
+    memset(addr, 0, *addrlen);
+    memcpy(addr, &a, sizeof(a));
+    *addrlen = sizeof(a);
+    *vctx = ctx;
+    WEFT_INFO(WEFT_SUB_NET,
+              "rank %d: shm segment %s: %d rings of %u x %zu bytes, %zu bytes mapped and "
+              "touched in %.1f ms; CMA from %zu bytes",
+              ctx->rank, ctx->name, ctx->nranks - 1, ctx->nslots, ctx->slot_bytes,
+              ctx->seg_bytes, (double)(weft_now_ns() - t0) / 1e6, ctx->cma_min);
+    return WEFT_OK;
+fail:
+    shm_finalize(ctx);
+    return st;
+}
+
+/* ---- connect -------------------------------------------------------------- */
+
+/* The geometry a peer wrote in its header, checked against its file. */
+static bool seg_hdr_sane(const struct shm_seg *h, const struct shm_ctx *ctx, int peer,
+                         off_t file_bytes)
+{
+    size_t page = ctx->page;
+    if (h->magic != SHM_SEG_MAGIC || h->version != SHM_VERSION || h->rank != peer ||
+        h->nranks != ctx->nranks || h->job != ctx->job || h->nslots < 1 || h->nslots > 1024)
+        return false;
+    if (h->slot_bytes == 0 || h->slot_bytes % page || h->hdr_bytes % page ||
+        h->ring_hdr_bytes % page || h->slot_bytes > (1u << 30) || h->hdr_bytes > (1u << 20))
+        return false;
+    if (h->ring_hdr_bytes < sizeof(struct shm_ring) + h->nslots * sizeof(struct shm_slot) ||
+        h->ring_hdr_bytes > (64u << 20))
+        return false;
+    if (h->ring_bytes != h->ring_hdr_bytes + h->nslots * h->slot_bytes)
+        return false;
+    return h->seg_bytes == h->hdr_bytes + (uint64_t)(ctx->nranks - 1) * h->ring_bytes &&
+           h->seg_bytes == (uint64_t)file_bytes;
+}
+
+/* Tests whether we can pull from the peer with process_vm_readv. */
+static void cma_probe(struct shm_ctx *ctx, struct shm_conn *c)
+{
+    if (ctx->cma_min == 0 || ctx->cma_broken)
+        return;
+    uint64_t v = 0;
+    struct iovec local = {&v, sizeof(v)};
+    struct iovec remote = {(void *)(uintptr_t)c->peer_seg->probe_addr, sizeof(v)};
+    ssize_t k = process_vm_readv(c->pid, &local, 1, &remote, 1, 0);
+    if (k == (ssize_t)sizeof(v) && v == c->peer_seg->probe_value) {
+        atomic_store_explicit(&c->rx->cma_ok, 1, memory_order_relaxed);
+        return;
+    }
+    int err = k < 0 ? errno : EIO;
+    WEFT_INFO(WEFT_SUB_NET,
+              "rank %d: process_vm_readv from rank %d (pid %d) does not work (%s); large "
+              "shared-memory messages %s go through the ring",
+              ctx->rank, c->peer, (int)c->pid, k < 0 ? strerror(err) : "wrong bytes",
+              err == EPERM || err == ENOSYS ? "from every peer" : "from it");
+    if (err == EPERM || err == ENOSYS)
+        ctx->cma_broken = true;
+}
+
+/* How we will know that the peer's process is gone: a pidfd (it also
+ * reports a zombie, which kill(pid, 0) does not), or kill(pid, 0) on old
+ * kernels; neither when its pid is not in our pid namespace. */
+static void conn_watch_pid(struct shm_ctx *ctx, struct shm_conn *c)
+{
+#ifdef SYS_pidfd_open
+    c->pidfd = (int)syscall(SYS_pidfd_open, c->pid, 0);
+    if (c->pidfd >= 0) {
+        fcntl(c->pidfd, F_SETFD, FD_CLOEXEC);
+        c->pid_visible = true;
+        return;
+    }
+#endif
+    c->pidfd = -1;
+    c->pid_visible = pid_alive(c->pid);
+    if (!c->pid_visible)
+        WEFT_INFO(WEFT_SUB_NET,
+                  "rank %d: pid %d of rank %d is not visible here (another pid namespace?); "
+                  "its death will only show as a timeout",
+                  ctx->rank, (int)c->pid, c->peer);
+}
+
+bool shm_peer_dead(struct shm_conn *c)
+{
+    if (!c->pid_visible)
+        return false;
+    if (c->pidfd >= 0) {
+        struct pollfd p = {.fd = c->pidfd, .events = POLLIN};
+        return poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR));
+    }
+    return kill(c->pid, 0) < 0 && errno == ESRCH;
+}
+
+weft_status_t shm_connect(void *vctx, int peer, const void *addr, size_t addrlen,
+                          void **vconn)
+{
+    struct shm_ctx *ctx = vctx;
+    if (ctx == NULL || addr == NULL || vconn == NULL)
+        return weft_error_quiet(ctx ? ctx->comm : NULL, WEFT_ERR_INVALID_ARG,
+                                "shm connect: NULL argument");
+    if (peer < 0 || peer >= ctx->nranks || peer == ctx->rank)
+        return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
+                                "rank %d: shm connect to rank %d: not a peer in 0..%d", ctx->rank,
+                                peer, ctx->nranks - 1);
+    struct shm_addr a;
+    if (addrlen != sizeof(a))
+        return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
+                                "rank %d: shm address of rank %d has %zu bytes, expected %zu",
+                                ctx->rank, peer, addrlen, sizeof(a));
+    memcpy(&a, addr, sizeof(a));
+    a.name[sizeof(a.name) - 1] = '\0';
+    if (a.magic != SHM_ADDR_MAGIC || a.version != SHM_VERSION || a.rank != peer || a.pid <= 0)
+        return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
+                                "rank %d: the shm address of rank %d is not one (magic 0x%08x, "
+                                "version %u, rank %d)",
+                                ctx->rank, peer, a.magic, a.version, a.rank);
+    if (ctx->conns[peer]) {
+        if (memcmp(&ctx->conns[peer]->addr, &a, sizeof(a)) != 0)
+            return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
+                                    "rank %d: shm connect to rank %d twice with different "
+                                    "addresses",
+                                    ctx->rank, peer);
+        *vconn = ctx->conns[peer];
+        return WEFT_OK;
+    }
+
+    bool path = (a.flags & SHM_ADDR_PATH) != 0;
+    int fd = seg_open(ctx, a.name, path, O_RDWR);
+    if (fd < 0) {
+        int err = errno;
+        return weft_error(ctx->comm, err == ENOENT ? WEFT_ERR_REMOTE : WEFT_ERR_SYSTEM,
+                          "rank %d: cannot open the shared-memory segment %s of rank %d (pid "
+                          "%d): %s",
+                          ctx->rank, a.name, peer, (int)a.pid, strerror(err));
+    }
+    struct shm_seg h;
+    struct stat sb;
+    if (fstat(fd, &sb) < 0 || pread(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h) ||
+        !seg_hdr_sane(&h, ctx, peer, sb.st_size) || h.pid != a.pid) {
+        close(fd);
+        return weft_error(ctx->comm, WEFT_ERR_REMOTE,
+                          "rank %d: the shared-memory segment %s of rank %d (pid %d) is not a "
+                          "segment of this job's rank %d (%lld bytes)",
+                          ctx->rank, a.name, peer, (int)a.pid, peer, (long long)sb.st_size);
+    }
+    weft_status_t st = WEFT_OK;
+    struct shm_conn *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        close(fd);
+        return weft_error(ctx->comm, WEFT_ERR_NO_MEMORY, "rank %d: no memory for a connection",
+                          ctx->rank);
+    }
+    c->ctx = ctx;
+    c->peer = peer;
+    c->pid = a.pid;
+    c->pidfd = -1;
+    c->addr = a;
+    c->tx_nslots = h.nslots;
+    c->tx_slot_bytes = h.slot_bytes;
+    c->tx_map_bytes = h.ring_bytes;
+    off_t off = (off_t)(h.hdr_bytes + (uint64_t)ring_index(peer, ctx->rank) * h.ring_bytes);
+    /* Eager: the page tables are filled now, not on the first send. */
+    void *ring = mmap(NULL, h.ring_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
+                      off);
+    void *hdr = mmap(NULL, h.hdr_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int err = errno;
+    close(fd);
+    if (ring == MAP_FAILED || hdr == MAP_FAILED) {
+        if (ring != MAP_FAILED)
+            munmap(ring, h.ring_bytes);
+        if (hdr != MAP_FAILED)
+            munmap(hdr, h.hdr_bytes);
+        free(c);
+        return weft_error(ctx->comm, err == ENOMEM ? WEFT_ERR_NO_MEMORY : WEFT_ERR_SYSTEM,
+                          "rank %d: cannot map %llu bytes of the shared-memory segment %s of "
+                          "rank %d: %s",
+                          ctx->rank, (unsigned long long)h.ring_bytes, a.name, peer,
+                          strerror(err));
+    }
+    c->tx_map = ring;
+    c->tx = ring;
+    c->tx_data = (char *)ring + h.ring_hdr_bytes;
+    c->peer_seg = hdr;
+    c->peer_seg_bytes = h.hdr_bytes;
+    char *mine = (char *)ctx->seg + ctx->seg->hdr_bytes +
+                 (size_t)ring_index(ctx->rank, peer) * ctx->ring_bytes;
+    c->rx = (struct shm_ring *)mine;
+    c->rx_data = mine + ctx->ring_hdr_bytes;
+    conn_watch_pid(ctx, c);
+    cma_probe(ctx, c);
+    ctx->conns[peer] = c;
+    *vconn = c;
+    WEFT_INFO(WEFT_SUB_NET, "rank %d: shm to rank %d (pid %d, %s) mapped: %u x %zu bytes%s",
+              ctx->rank, peer, (int)c->pid, a.name, c->tx_nslots, c->tx_slot_bytes,
+              atomic_load(&c->rx->cma_ok) ? ", we pull large messages by CMA" : "");
+    return st;
+}
+
+/* ---- ready and finalize --------------------------------------------------- */
+
+weft_status_t shm_ready(void *vctx)
+{
+    struct shm_ctx *ctx = vctx;
+    if (ctx == NULL)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "shm ready: NULL context");
+    if (ctx->unlinked)
+        return WEFT_OK;
+    /* Every peer has mapped the segment: the name can go, so that a crash
+     * from now on leaves nothing behind. */
+    ctx->unlinked = true;
+    if (seg_unlink(ctx->name, ctx->use_path) < 0 && errno != ENOENT)
+        WEFT_WARN(WEFT_SUB_NET, "rank %d: cannot remove the shared-memory name %s: %s",
+                  ctx->rank, ctx->name, strerror(errno));
+    return WEFT_OK;
+}
+
+void shm_finalize(void *vctx)
+{
+    struct shm_ctx *ctx = vctx;
+    if (ctx == NULL)
+        return;
+    for (int i = 0; ctx->conns && i < ctx->nranks; i++) {
+        struct shm_conn *c = ctx->conns[i];
+        if (c == NULL)
+            continue;
+        /* A peer still waiting on us fails now instead of at its timeout. */
+        if (c->err == WEFT_OK && atomic_load(&c->rx->failed) == 0) {
+            snprintf(c->rx->why, sizeof(c->rx->why), "rank %d closed its shared-memory transport",
+                     ctx->rank);
+            atomic_store_explicit(&c->rx->failed, 1, memory_order_release);
+            shm_signal(c);
+        }
+        munmap(c->tx_map, c->tx_map_bytes);
+        munmap(c->peer_seg, c->peer_seg_bytes);
+        if (c->pidfd >= 0)
+            close(c->pidfd);
+        free(c);
+    }
+    if (ctx->seg)
+        munmap(ctx->seg, ctx->seg_bytes);
+    if (!ctx->unlinked && ctx->seg)
+        seg_unlink(ctx->name, ctx->use_path);
+    while (ctx->slabs) {
+        struct shm_slab *s = ctx->slabs;
+        ctx->slabs = s->next;
+        free(s);
+    }
+    free(ctx->conns);
+    free(ctx);
+}
