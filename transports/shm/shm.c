@@ -167,7 +167,8 @@ static bool conn_check_peer_failed(struct shm_conn *c)
     char why[SHM_WHY_LEN];
     memcpy(why, c->tx->why, sizeof(why));
     why[sizeof(why) - 1] = '\0';
-    shm_conn_fail(c, WEFT_ERR_REMOTE, "rank %d: the shared-memory connection to rank %d failed on its side: %s",
+    shm_conn_fail(c, WEFT_ERR_REMOTE,
+                  "rank %d: the shared-memory connection to rank %d failed on its side: %s",
                   c->ctx->rank, c->peer, why);
     return true;
 }
@@ -447,8 +448,9 @@ static weft_status_t shm_progress(void *vctx, int timeout_ms)
     if (moved)
         return WEFT_OK;
     if (timeout_ms <= 0) {
-        /* Callers that never wait still learn of a dead peer. */
-        if ((++ctx->passes & 1023) == 0 && ctx->nactive > 0)
+        /* Callers that never wait here (a communicator that also has tcp
+         * sleeps in tcp's poll) still learn of a dead peer. */
+        if ((++ctx->passes & 63) == 0 && ctx->nactive > 0)
             ctx_check_peers(ctx);
         return WEFT_OK;
     }

@@ -25,9 +25,7 @@
 #define SHM_WHY_LEN SHM_ERRMSG_LEN          /* a failure reason, as the peer reads it */
 #define SHM_REQ_SLAB 64
 #define SHM_CHECK_NS (100ull * 1000000ull)  /* a stalled peer's pid is checked this often */
-#ifndef SHM_CMA_CHUNK
 #define SHM_CMA_CHUNK (4u << 20)            /* bytes per process_vm_readv call */
-#endif
 
 /* Defaults of the parameters (read with getenv until the param table has
  * them; see shm_setup.c for WEFT_SHM_CMA_MIN's default and why). */

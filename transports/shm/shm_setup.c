@@ -24,11 +24,19 @@
 #include "transports/transport.h"
 
 /*
- * WEFT_SHM_CMA_MIN's default.  Measured on the 2-vCPU machines of
- * MEASURED.md, 2 processes, ping-pong through this transport (one way):
- *   ring (8 x 256 KiB): 1 MiB ~X GB/s, 16 MiB ~X, 64 MiB ~X
- *   CMA:                1 MiB ~X GB/s, 16 MiB ~X, 64 MiB ~X
- * (see the report of the shm transport; filled in below once measured).
+ * WEFT_SHM_CMA_MIN's default: off, because the ring won at every size we
+ * measured.  2 processes on the 2 vCPUs of MEASURED.md's machines, best of
+ * interleaved runs, one-way GB/s of a ping-pong, ring (8 x 256 KiB) vs CMA:
+ *   64 KiB 7.8 vs 5.5 | 256 KiB 19 vs 6.1 | 1 MiB 27 vs 8.8 | 4 MiB 31 vs 12
+ *   16 MiB 9.8 vs 5.9 | 64 MiB 8.6 vs 4.7;  8 messages of 16 MiB in flight:
+ *   9.0 vs 8.1.
+ * process_vm_readv pins the peer's pages on every call, and the ring's two
+ * copies run on two cores at once.  CMA only came out ahead, for 16 MiB and
+ * more, while other jobs kept descheduling one of the two ranks (the ring
+ * needs both running; a pull needs only the receiver).  The engine's
+ * messages are WEFT_CHUNK_SIZE (512 KiB) at most, where the ring is ~3x
+ * faster.  WEFT_SHM_CMA_MIN=16M suits large point-to-point transfers on
+ * oversubscribed nodes.
  */
 #define SHM_DEFAULT_CMA_MIN 0
 
