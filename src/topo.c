@@ -55,6 +55,13 @@ static bool make_path(const struct probe *p, char *out, size_t len, const char *
     return ok;
 }
 
+/* The folder rel under the probe's root, or NULL when it cannot be read. */
+static DIR *open_dir(const struct probe *p, const char *rel)
+{
+    char path[PATH_MAX];
+    return make_path(p, path, sizeof(path), "%s", rel) ? opendir(path) : NULL;
+}
+
 /* The file's first len-1 bytes, trailing white space cut; false when it
  * cannot be read or is empty. */
 static bool read_path(const char *path, char *buf, size_t len)
@@ -307,10 +314,7 @@ static int cmp_numa(const void *a, const void *b)
 
 static void sysfs_numa(const struct probe *p, struct weft_topo *t)
 {
-    char path[PATH_MAX];
-    if (!make_path(p, path, sizeof(path), "/sys/devices/system/node"))
-        return;
-    DIR *d = opendir(path);
+    DIR *d = open_dir(p, "/sys/devices/system/node");
     if (d == NULL)
         return;
     struct dirent *e;
@@ -472,10 +476,7 @@ static int cmp_gpu(const void *a, const void *b)
 
 static void sysfs_gpus(const struct probe *p, struct weft_topo *t)
 {
-    char path[PATH_MAX];
-    if (!make_path(p, path, sizeof(path), "/sys/bus/pci/devices"))
-        return;
-    DIR *d = opendir(path);
+    DIR *d = open_dir(p, "/sys/bus/pci/devices");
     if (d == NULL)
         return;
     struct dirent *e;
