@@ -226,8 +226,10 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
                 *changed = true;
                 continue;
             }
-            const struct weft_transport_ops *t = comm->link_ops[s->peer];
-            void *conn = comm->conns[s->peer];
+            /* A COPY step has no peer. */
+            const struct weft_transport_ops *t =
+                s->kind == WEFT_STEP_COPY ? NULL : comm->link_ops[s->peer];
+            void *conn = s->kind == WEFT_STEP_COPY ? NULL : comm->conns[s->peer];
             switch (s->kind) {
             case WEFT_STEP_COPY: {
                 char *dst = step_ptr(op, s->buf, s->off);
