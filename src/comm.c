@@ -14,6 +14,7 @@
 #include "bootstrap.h"
 #include "comm.h"
 #include "engine.h"
+#include "topo.h"
 #include "tune.h"
 #include "transports/transport.h"
 
@@ -21,6 +22,7 @@
  * (shm addresses follow in a second round, once ranks know who is local). */
 struct rank_info {
     char host[64];       /* WEFT_HOSTID, or hostname + boot id */
+    char machine[64];    /* hostname + boot id: who shares our cores */
     uint32_t pid;
     uint32_t taddr_len;
     uint8_t taddr[WEFT_TRANSPORT_ADDR_MAX];
@@ -35,12 +37,13 @@ struct shm_info {
 enum { TP_TCP, TP_SHM, TP_COUNT };
 
 /* This host's identity: ranks with equal ones share memory.  WEFT_HOSTID
- * lets one machine pose as several hosts. */
-static void host_identity(char *out, size_t len)
+ * lets one machine pose as several hosts, unless `machine` asks for the
+ * real one (ranks that share the cores, whatever they pose as). */
+static void host_identity(char *out, size_t len, bool machine)
 {
     /* Read at every init, not once per process: a process may make
      * communicators as different "hosts" (tests do). */
-    const char *forced = getenv("WEFT_HOSTID");
+    const char *forced = machine ? NULL : getenv("WEFT_HOSTID");
     if (forced && *forced) {
         snprintf(out, len, "%s", forced);
         return;
@@ -61,13 +64,18 @@ weft_status_t weft_comm_progress(struct weft_comm *comm, int timeout_ms)
 {
     if (comm->ntp == 1)
         return comm->tp[0].ops->progress(comm->tp[0].ctx, timeout_ms);
-    /* Several transports: look at all without waiting, then wait on the
-     * last (tcp, whose sockets wake it) for a short slice, so the others'
-     * events are seen within a millisecond even while sleeping. */
-    for (int i = 0; i < comm->ntp; i++)
-        WEFT_CHECK(comm->tp[i].ops->progress(comm->tp[i].ctx,
-                                             i == comm->ntp - 1 ? WEFT_MIN(timeout_ms, 1) : 0));
-    return WEFT_OK;
+    /* shm and tcp: look at shm without waiting, then sleep in tcp's poll.
+     * shm's waker thread (weft_shm_set_waker) turns a shm peer's doorbell
+     * into a tcp wakeup while our sleeping flag is up. */
+    void *shm = comm->tp[0].ctx, *tcp = comm->tp[1].ctx;
+    WEFT_CHECK(weft_shm_ops.progress(shm, 0));
+    if (timeout_ms <= 0)
+        return weft_tcp_ops.progress(tcp, 0);
+    if (weft_shm_sleep_begin(shm))
+        return weft_tcp_ops.progress(tcp, 0);
+    weft_status_t st = weft_tcp_ops.progress(tcp, timeout_ms);
+    weft_shm_sleep_end(shm);
+    return st;
 }
 
 void weft_comm_wakeup(struct weft_comm *comm)
@@ -160,6 +168,44 @@ static void comm_free(struct weft_comm *comm)
     free(comm);
 }
 
+/* Builds the link table: hosts from the init exchange, WEFT_TRANSPORT,
+ * the calibration (when cal has any: it beats only the defaults), then
+ * WEFT_TOPO_FILE, the operator's last word.  On error it says why. */
+static weft_status_t table_build(struct weft_comm *comm, const struct rank_info *all,
+                                 const struct weft_cal *cal, unsigned *allowed)
+{
+    int n = comm->nranks;
+    const char *spec = weft_param_str("WEFT_TRANSPORT"), *file = weft_param_str("WEFT_TOPO_FILE");
+    char why[256];
+    weft_topo_table_fini(&comm->topo);
+    const char **hostid = calloc((size_t)n, sizeof(*hostid));
+    weft_status_t st = hostid ? weft_topo_parse_transports(spec, allowed, why, sizeof(why))
+                              : WEFT_ERR_NO_MEMORY;
+    for (int r = 0; hostid && r < n; r++)
+        hostid[r] = all[r].host;
+    if (st == WEFT_OK)
+        st = weft_topo_table_init(&comm->topo, n, hostid, *allowed, why, sizeof(why));
+    free(hostid);
+    for (int t = 0; st == WEFT_OK && cal && t < WEFT_LINK_NTRANSPORTS; t++)
+        if (cal->have[t])
+            st = weft_topo_table_set_default(&comm->topo, t, cal->alpha[t], cal->beta[t]);
+    for (int k = 0; st == WEFT_OK && cal && k < cal->nedges; k++) {
+        const struct weft_cal_edge *e = &cal->edges[k];
+        struct weft_link l;
+        /* Only where the table agrees on the transport measured (a pair
+         * the table puts on shm runs tcp when shm could not open). */
+        if (weft_topo_table_get(&comm->topo, e->i, e->j, &l) == WEFT_OK &&
+            l.transport == e->transport)
+            st = weft_topo_table_set_measured(&comm->topo, e->i, e->j, e->alpha, e->beta);
+    }
+    if (st == WEFT_OK && *file)
+        st = weft_topo_table_load(&comm->topo, file, why, sizeof(why));
+    if (st != WEFT_OK)
+        return weft_error(comm, st, "rank %d: %s", comm->rank,
+                          st == WEFT_ERR_NO_MEMORY ? "out of memory" : why);
+    return WEFT_OK;
+}
+
 /* Opens shm when a peer shares this host and both sides allow it, picks a
  * transport per peer (shm on this host, tcp otherwise; WEFT_TRANSPORT
  * restricts the choice) and binds every peer.  tcp_ctx is already open;
@@ -168,23 +214,12 @@ static weft_status_t open_links(struct weft_comm *comm, const struct weft_transp
                                 void *tcp_ctx, const struct rank_info *all, uint64_t deadline)
 {
     int rank = comm->rank, n = comm->nranks;
-    const char *spec = weft_param_str("WEFT_TRANSPORT"), *file = weft_param_str("WEFT_TOPO_FILE");
+    const char *spec = weft_param_str("WEFT_TRANSPORT");
     unsigned allowed;
-    char why[256];
-    const char **hostid = calloc((size_t)n, sizeof(*hostid));
-    weft_status_t st = hostid ? weft_topo_parse_transports(spec, &allowed, why, sizeof(why))
-                              : WEFT_ERR_NO_MEMORY;
-    for (int r = 0; hostid && r < n; r++)
-        hostid[r] = all[r].host;
-    if (st == WEFT_OK)
-        st = weft_topo_table_init(&comm->topo, n, hostid, allowed, why, sizeof(why));
-    if (st == WEFT_OK && *file)
-        st = weft_topo_table_load(&comm->topo, file, why, sizeof(why));
-    free(hostid);
+    weft_status_t st = table_build(comm, all, NULL, &allowed);
     if (st != WEFT_OK) {
         weft_tcp_ops.finalize(tcp_ctx);
-        return weft_error(comm, st, "rank %d: %s", rank,
-                          st == WEFT_ERR_NO_MEMORY ? "out of memory" : why);
+        return st;
     }
     /* The table says which transport each pair wants (shm on one host,
      * unless WEFT_TRANSPORT or the topology file says otherwise). */
@@ -257,6 +292,11 @@ static weft_status_t open_links(struct weft_comm *comm, const struct weft_transp
         }
         ctx[t] = NULL;
     }
+    if (comm->ntp == 2)
+        /* tp[0] is shm, tp[1] tcp (weft_comm_progress sleeps in tcp). */
+        WEFT_CHECK_GOTO(weft_shm_set_waker(comm->tp[0].ctx, weft_tcp_ops.wakeup,
+                                           comm->tp[1].ctx),
+                        st, out);
     if (any_shm) {
         /* Every peer has mapped our segment: its name can go, so a crash
          * from now on leaves nothing in /dev/shm. */
@@ -325,7 +365,8 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     WEFT_CHECK_GOTO(weft_sock_pick_iface(&uid->root, &targs.local, ifname, sizeof(ifname)), st,
                     fail);
     struct rank_info me = {.pid = (uint32_t)getpid()};
-    host_identity(me.host, sizeof(me.host));
+    host_identity(me.host, sizeof(me.host), false);
+    host_identity(me.machine, sizeof(me.machine), true);
     size_t alen = sizeof(me.taddr);
     void *tcp_ctx = NULL;
     WEFT_CHECK_GOTO(weft_tcp_ops.init(&targs, &tcp_ctx, me.taddr, &alen), st, fail);
@@ -341,13 +382,22 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
         weft_tcp_ops.finalize(tcp_ctx);
         goto fail;
     }
-    int local = 0;
+    int local = 0; /* ranks on our cores, for the spin policy */
     for (int r = 0; r < nranks; r++) {
         all[r].host[sizeof(all[r].host) - 1] = '\0'; /* peers' bytes: terminate */
-        local += strcmp(all[r].host, me.host) == 0;
+        all[r].machine[sizeof(all[r].machine) - 1] = '\0';
+        local += strcmp(all[r].machine, me.machine) == 0;
     }
     weft_engine_tune(comm->eng, local);
     WEFT_CHECK_GOTO(open_links(comm, &targs, tcp_ctx, all, deadline), st, fail);
+    struct weft_cal cal = {0};
+    unsigned allowed;
+    st = weft_comm_calibrate(comm, &cal, deadline);
+    if (st == WEFT_OK && cal.nedges > 0)
+        st = table_build(comm, all, &cal, &allowed);
+    weft_cal_free(&cal);
+    if (st != WEFT_OK)
+        goto fail;
     if (!weft_registry_add(&reg, comm)) {
         st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "cannot register the communicator");
         goto fail;

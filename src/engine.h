@@ -34,6 +34,8 @@ void weft_engine_destroy(struct weft_engine *eng) WEFT_HIDDEN;
 /* Sets how long a waiting driver spins before sleeping: WEFT_SPIN_US, or
  * when it is -1 (auto), spin only if this host's ranks fit its cores. */
 void weft_engine_tune(struct weft_engine *eng, int local_ranks) WEFT_HIDDEN;
+/* What weft_engine_tune chose: spin time, and whether to yield meanwhile. */
+void weft_engine_spin(const struct weft_engine *eng, uint64_t *spin_ns, bool *yield) WEFT_HIDDEN;
 
 /* Builds (or takes from the cache) the op's schedule. */
 weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_args *args,

@@ -63,6 +63,12 @@ void weft_engine_tune(struct weft_engine *eng, int local_ranks)
     eng->spin_us = (int)WEFT_MIN(spin, 1000000);
 }
 
+void weft_engine_spin(const struct weft_engine *eng, uint64_t *spin_ns, bool *yield)
+{
+    *spin_ns = (uint64_t)eng->spin_us * 1000;
+    *yield = eng->yield;
+}
+
 static void op_release(struct weft_op *op)
 {
     free(op->st);

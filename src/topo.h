@@ -217,4 +217,32 @@ void weft_topo_table_print(const struct weft_link_table *tab, FILE *f) WEFT_HIDD
 weft_status_t weft_topo_fit(const double *bytes, const double *seconds, int n, double *alpha,
                             double *beta) WEFT_HIDDEN;
 
+/* ---- calibration at init (calibrate.c) ------------------------------------ */
+
+/* The edge i -> i+1 (mod n) as its pinger measured it. */
+struct weft_cal_edge {
+    int i, j;
+    int transport; /* enum weft_link_transport */
+    double alpha, beta;
+};
+
+/* What the init ping-pong found: per measured edge, and per transport the
+ * median over its edges (have[t] false: none measured).  Every rank of the
+ * communicator holds the same. */
+struct weft_cal {
+    int nedges;
+    struct weft_cal_edge *edges; /* owned; weft_cal_free */
+    bool have[WEFT_LINK_NTRANSPORTS];
+    double alpha[WEFT_LINK_NTRANSPORTS], beta[WEFT_LINK_NTRANSPORTS];
+};
+
+struct weft_comm;
+/* Ping-pongs each ring edge over the open links (all ranks call it, after
+ * the links are up and before any operation), then shares the fits.
+ * Nothing measured (nedges 0) with WEFT_CALIBRATE=0 or one rank.  A peer
+ * that dies or stalls fails it (REMOTE, TIMEOUT at the deadline). */
+weft_status_t weft_comm_calibrate(struct weft_comm *comm, struct weft_cal *cal,
+                                  uint64_t deadline) WEFT_HIDDEN;
+void weft_cal_free(struct weft_cal *cal) WEFT_HIDDEN;
+
 #endif /* WEFT_TOPO_H */

@@ -3,10 +3,13 @@
  * restrictions that leave a pair unreachable fail init on every rank with
  * the reason; a bad name is refused; a rank killed in the middle of a
  * shared-memory AllReduce sweep leaves errors (not hangs) on the others
- * and nothing in /dev/shm.
+ * and nothing in /dev/shm.  Calibration at init measures every ring edge,
+ * gives every rank the same table, and yields to WEFT_CALIBRATE=0 and to
+ * the topology file.
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +18,8 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "src/comm.h"
+#include "src/topo.h"
 
 /* Init must fail with status `want` and a message containing `why`. */
 struct expect_fail {
@@ -123,4 +128,99 @@ Test(transport, kill_9_mid_shm_sweep_leaves_errors_and_no_files, .timeout = 90)
                          weft_test_job_exit_code(&job, r));
     }
     cr_assert_eq(count_segments(job.uid.job), 0, "segments of the job left in /dev/shm");
+}
+
+/* ---- calibration at init ------------------------------------------------------ */
+
+/* What every rank of a job must see in its link table. */
+struct cal_expect {
+    bool calibrated;   /* ring edges measured, defaults replaced */
+    const char *file;  /* WEFT_TOPO_FILE content, or NULL */
+};
+
+static bool is_edge(int i, int j, int n)
+{
+    return (i + 1) % n == j || (j + 1) % n == i;
+}
+
+static int check_table(weft_comm_t comm, int rank, int nranks, void *arg)
+{
+    const struct cal_expect *x = arg;
+    const struct weft_link_table *tab = &comm->topo;
+    double sum = 0;
+    for (int i = 0; i < nranks; i++) {
+        for (int j = 0; j < nranks; j++) {
+            struct weft_link l;
+            if (i == j || weft_topo_table_get(tab, i, j, &l) != WEFT_OK)
+                continue;
+            sum += l.alpha * (i + 1) + l.beta * (j + 7);
+            bool file_pair = x->file && i + j == 1; /* the file names pair 0 1 */
+            int want = file_pair                       ? WEFT_LINK_FROM_FILE
+                       : x->calibrated && is_edge(i, j, nranks) ? WEFT_LINK_FROM_MEASURED
+                                                                 : WEFT_LINK_FROM_DEFAULT;
+            if (l.source != want)
+                return weft_test_fail(rank, "pair %d-%d: cost from source %d, expected %d", i, j,
+                                      l.source, want);
+            if (!isfinite(l.alpha) || !isfinite(l.beta) || l.alpha < 0 || l.beta <= 0)
+                return weft_test_fail(rank, "pair %d-%d: alpha %g beta %g", i, j, l.alpha, l.beta);
+            if (file_pair && l.alpha != 7e-6)
+                return weft_test_fail(rank, "pair 0-1: alpha %g, the file says 7 us", l.alpha);
+        }
+    }
+    double shm_default = tab->alpha[WEFT_LINK_SHM];
+    if (x->file && shm_default != 3e-6)
+        return weft_test_fail(rank, "shm default alpha %g; the file's default (3 us) must win",
+                              shm_default);
+    if (!x->file && (shm_default != WEFT_LINK_SHM_ALPHA) != x->calibrated)
+        return weft_test_fail(rank, "shm default alpha %g (built-in %g), calibrated %d",
+                              shm_default, WEFT_LINK_SHM_ALPHA, x->calibrated);
+    /* Every rank holds the same numbers. */
+    double lo = sum, hi = sum;
+    if (weft_allreduce(&lo, &lo, 1, WEFT_FLOAT64, WEFT_MIN, comm) != WEFT_OK ||
+        weft_allreduce(&hi, &hi, 1, WEFT_FLOAT64, WEFT_MAX, comm) != WEFT_OK)
+        return weft_test_fail(rank, "allreduce: %s", weft_last_error(comm));
+    if (lo != hi)
+        return weft_test_fail(rank, "ranks disagree on the link table (%g vs %g)", lo, hi);
+    return 0;
+}
+
+static void run_table_job(int nranks, struct cal_expect *x)
+{
+    struct weft_test_job job;
+    cr_assert_eq(weft_test_job_start(&job, nranks, check_table, x), 0);
+    cr_assert_eq(weft_test_job_wait(&job, 60), 0);
+}
+
+Test(transport, calibration_measures_every_ring_edge, .timeout = 60)
+{
+    struct cal_expect x = {.calibrated = true};
+    run_table_job(5, &x);
+}
+
+Test(transport, calibration_over_two_hosts_measures_shm_and_tcp, .timeout = 60)
+{
+    setenv("WEFT_TEST_HOSTS", "2", 1);
+    struct cal_expect x = {.calibrated = true};
+    run_table_job(4, &x);
+}
+
+Test(transport, calibration_off_keeps_the_defaults, .timeout = 60)
+{
+    setenv("WEFT_CALIBRATE", "0", 1);
+    struct cal_expect x = {.calibrated = false};
+    run_table_job(4, &x);
+}
+
+Test(transport, topology_file_beats_calibration, .timeout = 60)
+{
+    char path[] = "/tmp/weft-topo-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    const char *text = "default shm alpha_us=3 gbps=5\npair 0 1 alpha_us=7\n";
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    setenv("WEFT_TOPO_FILE", path, 1);
+    struct cal_expect x = {.calibrated = true, .file = text};
+    run_table_job(4, &x);
+    unlink(path);
 }

@@ -1,19 +1,30 @@
 /*
  * weft-info - what this weft build has and how it is configured:
- *   weft-info                  version, optional parts, interface choice
+ *   weft-info                  version, transports (and why one is not
+ *                              available), algorithms, interface choice
  *   weft-info --params         every environment parameter (name, default, value, doc)
  *   weft-info --params-md      the same as a Markdown table (the README's)
  *   weft-info --topo           this host as the probe sees it (hwloc or sysfs)
  *   weft-info --table -n N [--hosts K]
  *                              the link table for N ranks in blocks over K hosts
  *                              (named host0..), after WEFT_TRANSPORT and WEFT_TOPO_FILE
+ *   weftrun -n N weft-info --job
+ *                              joins the job as a rank; rank 0 prints the table
+ *                              the communicator really built (hosts, transports
+ *                              per pair, calibrated costs)
  */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include "config.h"
+#include "algorithms/schedule.h"
+#include "src/comm.h"
+#include "transports/transport.h"
 #include "src/internal.h"
 #include "src/sock.h"
 #include "src/topo.h"
@@ -121,6 +132,74 @@ static const char *yes(int v)
     return v ? "yes" : "no";
 }
 
+/* weftrun -n N weft-info --job: every rank joins; rank 0 prints. */
+static int job(void)
+{
+    weft_comm_t comm;
+    if (weft_comm_init_env(&comm) != WEFT_OK) {
+        fprintf(stderr, "weft-info --job: %s\n", weft_last_error(NULL));
+        return 1;
+    }
+    if (comm->rank == 0) {
+        printf("job: %d ranks; WEFT_CALIBRATE=%lld\n", comm->nranks,
+               (long long)weft_param_int("WEFT_CALIBRATE"));
+        for (int h = 0; h < comm->topo.nhosts; h++)
+            printf("  host %d: %s\n", h, comm->topo.hostid[h]);
+        for (int i = 0; i < comm->ntp; i++)
+            printf("  rank 0 uses %s\n", comm->tp[i].ops->name);
+        weft_topo_table_print(&comm->topo, stdout);
+        fflush(stdout);
+    }
+    return weft_comm_destroy(comm) == WEFT_OK ? 0 : 1;
+}
+
+/* shm: a writable folder with room for one ring. */
+static void shm_status(void)
+{
+    const char *dir = getenv("WEFT_SHM_DIR");
+    if (dir == NULL || *dir == '\0')
+        dir = "/dev/shm";
+    int64_t need = weft_param_int("WEFT_SHM_SLOTS") * weft_param_int("WEFT_SHM_SLOT_BYTES");
+    struct statvfs v;
+    if (statvfs(dir, &v) != 0) {
+        printf("  shm   no: %s: %s (WEFT_SHM_DIR); ranks on one host use tcp\n", dir,
+               strerror(errno));
+        return;
+    }
+    if (access(dir, W_OK) != 0) {
+        printf("  shm   no: %s is not writable here; ranks on one host use tcp\n", dir);
+        return;
+    }
+    double free_mib = (double)v.f_bavail * (double)v.f_frsize / (1 << 20);
+    printf("  shm   yes: %s, %.0f MiB free (a ring to one peer takes %.1f MiB)", dir, free_mib,
+           (double)need / (1 << 20));
+    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
+    int scope = -1;
+    if (f) {
+        if (fscanf(f, "%d", &scope) != 1)
+            scope = -1;
+        fclose(f);
+    }
+    printf("; process_vm_readv %s\n",
+           scope >= 2 ? "refused by ptrace_scope >= 2 (the ring carries everything)"
+                      : "allowed (used from WEFT_SHM_CMA_MIN; off by default)");
+}
+
+/* verbs: what it would take. */
+static void verbs_status(int built)
+{
+    int ndev = 0;
+    DIR *d = opendir("/sys/class/infiniband");
+    if (d) {
+        for (struct dirent *e; (e = readdir(d)) != NULL;)
+            ndev += e->d_name[0] != '.';
+        closedir(d);
+    }
+    printf("  verbs no: weft has no verbs transport yet (libibverbs %s at configure; %d RDMA "
+           "device%s in /sys/class/infiniband)\n",
+           built ? "found" : "not found", ndev, ndev == 1 ? "" : "s");
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "--params") == 0) {
@@ -135,9 +214,11 @@ int main(int argc, char **argv)
         return topo();
     if (argc > 1 && strcmp(argv[1], "--table") == 0)
         return table(argc, argv);
+    if (argc == 2 && strcmp(argv[1], "--job") == 0)
+        return job();
     if (argc > 1) {
-        fprintf(stderr,
-                "usage: weft-info [--params | --params-md | --topo | --table -n N [--hosts K]]\n");
+        fprintf(stderr, "usage: weft-info [--params | --params-md | --topo | --table -n N "
+                        "[--hosts K] | --job (under weftrun)]\n");
         return 2;
     }
 #ifdef HAVE_VERBS
@@ -156,13 +237,21 @@ int main(int argc, char **argv)
     int cuda = 0;
 #endif
     printf("weft %d.%d.%d\n", WEFT_VERSION_MAJOR, WEFT_VERSION_MINOR, WEFT_VERSION_PATCH);
-    printf("transports: tcp\nalgorithms: ring\n");
-    printf("configure found: libibverbs %s, hwloc %s, CUDA %s (no transport uses them yet)\n",
-           yes(verbs), yes(hwloc), yes(cuda));
+    printf("transports:\n");
     union weft_sockaddr a;
     char ifname[64], buf[96];
     if (weft_sock_pick_iface(NULL, &a, ifname, sizeof(ifname)) == WEFT_OK)
-        printf("weft_get_unique_id would listen on %s (%s)\n", weft_sock_str(&a, buf, sizeof(buf)),
-               ifname);
+        printf("  tcp   yes: weft_get_unique_id would listen on %s (%s)\n",
+               weft_sock_str(&a, buf, sizeof(buf)), ifname);
+    else
+        printf("  tcp   no: %s\n", weft_thread_last_error());
+    shm_status();
+    verbs_status(verbs);
+    printf("algorithms:");
+    for (int i = 0; i < WEFT_ALGO_COUNT; i++)
+        printf(" %s", weft_algo_name(i));
+    printf(" (WEFT_ALGO restricts them)\n");
+    printf("configure found: hwloc %s (topology: %s), CUDA %s (no transport uses it yet)\n",
+           yes(hwloc), hwloc ? "hwloc" : "/sys and /proc", yes(cuda));
     return 0;
 }

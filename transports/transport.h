@@ -72,4 +72,14 @@ struct weft_transport_ops {
 extern const struct weft_transport_ops weft_tcp_ops WEFT_HIDDEN;
 extern const struct weft_transport_ops weft_shm_ops WEFT_HIDDEN;
 
+/* For a communicator that sleeps in another transport's wait (tcp's poll):
+ * a thread sleeps on our doorbell and calls fn(arg) (that transport's
+ * wakeup) whenever a peer rings it.  The thread ends in shm_finalize. */
+weft_status_t weft_shm_set_waker(void *ctx, void (*fn)(void *), void *arg) WEFT_HIDDEN;
+/* Around that other wait: begin moves what it can and, if nothing moved
+ * and no peer failed, raises our sleeping flag so that peers ring (true:
+ * something happened, do not sleep); end lowers it. */
+bool weft_shm_sleep_begin(void *ctx) WEFT_HIDDEN;
+void weft_shm_sleep_end(void *ctx) WEFT_HIDDEN;
+
 #endif /* WEFT_TRANSPORT_H */

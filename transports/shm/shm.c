@@ -492,6 +492,71 @@ static void shm_wakeup(void *vctx)
     }
 }
 
+/* ---- sleeping in another transport ---------------------------------------- */
+
+static void *waker_main(void *arg)
+{
+    struct shm_ctx *ctx = arg;
+    _Atomic uint32_t *bell = &ctx->seg->doorbell;
+    uint32_t seen = atomic_load_explicit(bell, memory_order_acquire);
+    while (!atomic_load(&ctx->waker_stop)) {
+        futex_op(bell, FUTEX_WAIT, seen, NULL);
+        uint32_t now = atomic_load_explicit(bell, memory_order_acquire);
+        if (now != seen) {
+            seen = now;
+            ctx->wake_fn(ctx->wake_arg);
+        }
+    }
+    return NULL;
+}
+
+weft_status_t weft_shm_set_waker(void *vctx, void (*fn)(void *), void *arg)
+{
+    struct shm_ctx *ctx = vctx;
+    if (ctx->waker_on)
+        return WEFT_OK;
+    ctx->wake_fn = fn;
+    ctx->wake_arg = arg;
+    int err = pthread_create(&ctx->waker, NULL, waker_main, ctx);
+    if (err != 0)
+        return weft_error(ctx->comm, WEFT_ERR_SYSTEM, "rank %d: cannot start the shm waker: %s",
+                          ctx->rank, strerror(err));
+    ctx->waker_on = true;
+    return WEFT_OK;
+}
+
+void shm_waker_stop(struct shm_ctx *ctx)
+{
+    if (!ctx->waker_on)
+        return;
+    atomic_store(&ctx->waker_stop, 1);
+    atomic_fetch_add_explicit(&ctx->seg->doorbell, 1, memory_order_release);
+    futex_op(&ctx->seg->doorbell, FUTEX_WAKE, INT_MAX, NULL);
+    pthread_join(ctx->waker, NULL);
+    ctx->waker_on = false;
+}
+
+bool weft_shm_sleep_begin(void *vctx)
+{
+    struct shm_ctx *ctx = vctx;
+    if (ctx_pass(ctx) || (ctx->nactive > 0 && ctx_check_peers(ctx)))
+        return true;
+    /* The same handshake as shm_progress's futex wait: raise, fence, look. */
+    atomic_store_explicit(&ctx->seg->sleeping, 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_exchange(&ctx->wake_pending, 0) || ctx_pass(ctx)) {
+        atomic_store_explicit(&ctx->seg->sleeping, 0, memory_order_relaxed);
+        return true;
+    }
+    return false;
+}
+
+void weft_shm_sleep_end(void *vctx)
+{
+    struct shm_ctx *ctx = vctx;
+    atomic_store_explicit(&ctx->seg->sleeping, 0, memory_order_relaxed);
+}
+
 /* ---- posting and testing -------------------------------------------------- */
 
 static weft_status_t shm_post(struct shm_conn *c, bool is_send, void *buf, size_t bytes,

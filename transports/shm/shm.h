@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -207,6 +208,12 @@ struct shm_ctx {
     struct shm_req *free_reqs;
     struct shm_slab *slabs;
     struct weft_shm_stats stats;
+    /* Sleeping in another transport (weft_shm_set_waker). */
+    pthread_t waker;
+    bool waker_on;
+    _Atomic int waker_stop;
+    void (*wake_fn)(void *);
+    void *wake_arg;
 };
 
 /* ---- shm.c ---------------------------------------------------------------- */
@@ -226,10 +233,13 @@ weft_status_t shm_connect(void *vctx, int peer, const void *addr, size_t addrlen
                           void **vconn) WEFT_HIDDEN;
 weft_status_t shm_ready(void *vctx) WEFT_HIDDEN;
 void shm_finalize(void *vctx) WEFT_HIDDEN;
+/* Ends the waker thread, if any (shm.c). */
+void shm_waker_stop(struct shm_ctx *ctx) WEFT_HIDDEN;
 /* True when the peer's process has exited (or is a zombie). */
 bool shm_peer_dead(struct shm_conn *c) WEFT_HIDDEN;
 
 /* For tests and benchmarks: this context's counters. */
 void weft_shm_get_stats(void *ctx, struct weft_shm_stats *out) WEFT_HIDDEN;
+
 
 #endif /* WEFT_TRANSPORT_SHM_H */

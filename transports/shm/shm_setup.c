@@ -486,6 +486,7 @@ void shm_finalize(void *vctx)
     struct shm_ctx *ctx = vctx;
     if (ctx == NULL)
         return;
+    shm_waker_stop(ctx);
     for (int i = 0; ctx->conns && i < ctx->nranks; i++) {
         struct shm_conn *c = ctx->conns[i];
         if (c == NULL)
