@@ -243,22 +243,39 @@ weft_status_t weft_get_unique_id(weft_unique_id_t *id)
 
 /* ---- framed messages on the star ------------------------------------------ */
 
-static weft_status_t msg_send(int fd, const void *buf, size_t len, uint64_t deadline)
+/* A socket failure on the star, said with who was at the other end. */
+static weft_status_t star_error(const struct weft_bootstrap *bs, weft_status_t st, bool sending,
+                                int peer)
+{
+    char why[WEFT_ERRMSG_LEN];
+    snprintf(why, sizeof(why), "%s", weft_thread_last_error());
+    return weft_error(bs->comm, st, "rank %d: bootstrap: %s rank %d%s: %s", bs->rank,
+                      sending ? "sending to" : "receiving from", peer,
+                      peer == 0 ? " (the root)" : "", why);
+}
+
+static weft_status_t msg_send(const struct weft_bootstrap *bs, int fd, int peer, const void *buf,
+                              size_t len, uint64_t deadline)
 {
     uint8_t hdr[8];
     put32(hdr, BS_MAGIC);
     put32(hdr + 4, (uint32_t)len);
-    WEFT_CHECK(weft_sock_send_all(fd, hdr, sizeof(hdr), deadline));
-    return weft_sock_send_all(fd, buf, len, deadline);
+    weft_status_t st = weft_sock_send_all(fd, hdr, sizeof(hdr), deadline);
+    if (st == WEFT_OK)
+        st = weft_sock_send_all(fd, buf, len, deadline);
+    return st == WEFT_OK ? st : star_error(bs, st, true, peer);
 }
 
 /* Receives exactly len bytes of payload; a header that disagrees is an
  * error before any payload byte is read. */
-static weft_status_t msg_recv(struct weft_comm *comm, int fd, int peer, void *buf, size_t len,
-                              uint64_t deadline)
+static weft_status_t msg_recv(const struct weft_bootstrap *bs, int fd, int peer, void *buf,
+                              size_t len, uint64_t deadline)
 {
+    struct weft_comm *comm = bs->comm;
     uint8_t hdr[8];
-    WEFT_CHECK(weft_sock_recv_all(fd, hdr, sizeof(hdr), deadline));
+    weft_status_t st = weft_sock_recv_all(fd, hdr, sizeof(hdr), deadline);
+    if (st != WEFT_OK)
+        return star_error(bs, st, false, peer);
     if (get32(hdr) == BS_ERROR && get32(hdr + 4) <= BS_ERROR_MAX) {
         /* The root gave up (a rank never came, ...): pass on its reason. */
         uint8_t text[BS_ERROR_MAX + 1];
@@ -271,15 +288,15 @@ static weft_status_t msg_recv(struct weft_comm *comm, int fd, int peer, void *bu
                 text[i] = '?';
         /* Its status when it is one a bootstrap can end with, else REMOTE. */
         int32_t code = (int32_t)get32(text);
-        weft_status_t st = code == WEFT_ERR_TIMEOUT || code == WEFT_ERR_INVALID_ARG ? code
-                                                                                   : WEFT_ERR_REMOTE;
+        st = code == WEFT_ERR_TIMEOUT || code == WEFT_ERR_INVALID_ARG ? code : WEFT_ERR_REMOTE;
         return weft_error(comm, st, "rank %d failed the bootstrap: %s", peer, (char *)text + 4);
     }
     if (get32(hdr) != BS_MAGIC || get32(hdr + 4) != len)
         return weft_error(comm, WEFT_ERR_REMOTE,
                           "bootstrap: bad message from rank %d (magic %08x, %u bytes, expected %zu)",
                           peer, get32(hdr), get32(hdr + 4), len);
-    return weft_sock_recv_all(fd, buf, len, deadline);
+    st = weft_sock_recv_all(fd, buf, len, deadline);
+    return st == WEFT_OK ? st : star_error(bs, st, false, peer);
 }
 
 /* ---- root ------------------------------------------------------------------ */
@@ -444,7 +461,7 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
     }
     /* Everyone is here: hand out the table. */
     for (int r = 1; r < bs->nranks && st == WEFT_OK; r++)
-        st = msg_send(bs->fds[r], all, (size_t)bs->nranks * info_len, deadline);
+        st = msg_send(bs, bs->fds[r], r, all, (size_t)bs->nranks * info_len, deadline);
 out:
     while (npend > 0)
         pending_drop(pend, &npend, 0);
@@ -524,8 +541,8 @@ weft_status_t weft_bootstrap_init(struct weft_comm *comm, const struct weft_uid 
                             weft_sock_str(&uid->root, addr, sizeof(addr)), why ? why : "?");
             goto fail;
         }
-        WEFT_CHECK_GOTO(msg_send(bs->root_fd, info, info_len, deadline), st, fail);
-        st = msg_recv(comm, bs->root_fd, 0, all, (size_t)nranks * info_len, deadline);
+        WEFT_CHECK_GOTO(msg_send(bs, bs->root_fd, 0, info, info_len, deadline), st, fail);
+        st = msg_recv(bs, bs->root_fd, 0, all, (size_t)nranks * info_len, deadline);
         if (st != WEFT_OK) {
             char why2[WEFT_ERRMSG_LEN];
             st = weft_error(comm, st, "bootstrap: waiting for the rank table from root %s: %s",
@@ -545,14 +562,14 @@ weft_status_t weft_bootstrap_allgather(struct weft_bootstrap *bs, const void *mi
                                        size_t len, uint64_t deadline)
 {
     if (bs->rank != 0) {
-        WEFT_CHECK(msg_send(bs->root_fd, mine, len, deadline));
-        return msg_recv(bs->comm, bs->root_fd, 0, all, (size_t)bs->nranks * len, deadline);
+        WEFT_CHECK(msg_send(bs, bs->root_fd, 0, mine, len, deadline));
+        return msg_recv(bs, bs->root_fd, 0, all, (size_t)bs->nranks * len, deadline);
     }
     memcpy(all, mine, len);
     for (int r = 1; r < bs->nranks; r++)
-        WEFT_CHECK(msg_recv(bs->comm, bs->fds[r], r, (char *)all + (size_t)r * len, len, deadline));
+        WEFT_CHECK(msg_recv(bs, bs->fds[r], r, (char *)all + (size_t)r * len, len, deadline));
     for (int r = 1; r < bs->nranks; r++)
-        WEFT_CHECK(msg_send(bs->fds[r], all, (size_t)bs->nranks * len, deadline));
+        WEFT_CHECK(msg_send(bs, bs->fds[r], r, all, (size_t)bs->nranks * len, deadline));
     return WEFT_OK;
 }
 

@@ -145,6 +145,19 @@ weft_status_t weft_comm_fail(struct weft_comm *comm, weft_status_t status)
     return (weft_status_t)atomic_load(&comm->error);
 }
 
+void weft_comm_tell_peers(struct weft_comm *comm)
+{
+    if (atomic_exchange(&comm->told_peers, 1))
+        return;
+    char msg[WEFT_ERRMSG_LEN], why[WEFT_ERRMSG_LEN + 32];
+    weft_comm_last_error_copy(comm, msg, sizeof(msg));
+    snprintf(why, sizeof(why), "rank %d failed: %s", comm->rank,
+             *msg ? msg : weft_status_string(atomic_load(&comm->error)));
+    for (int i = 0; i < comm->ntp; i++)
+        if (comm->tp[i].ops->abort)
+            comm->tp[i].ops->abort(comm->tp[i].ctx, WEFT_ERR_REMOTE, why);
+}
+
 const char *weft_last_error(weft_comm_t comm)
 {
     static __thread char buf[WEFT_ERRMSG_LEN];

@@ -46,6 +46,7 @@ struct weft_comm {
     struct weft_engine *eng;
     _Atomic int error;                 /* sticky weft_status_t */
     _Atomic int aborting;              /* weft_comm_abort in progress */
+    _Atomic int told_peers;            /* weft_comm_tell_peers ran */
     _Atomic int users;                 /* threads inside an API call on it */
     uint32_t nchildren;                /* split/shrink calls so far (all ranks agree) */
     pthread_mutex_t err_mu;
@@ -65,6 +66,10 @@ void weft_comm_record_error(struct weft_comm *comm, const char *msg) WEFT_HIDDEN
 /* Makes status the sticky error of comm if it has none yet; returns the
  * sticky error. */
 weft_status_t weft_comm_fail(struct weft_comm *comm, weft_status_t status) WEFT_HIDDEN;
+/* Once the communicator has failed: fails every link and tells every peer
+ * why (the abort broadcast), so that ranks waiting on us end now instead of
+ * at their timeout.  Runs once; the thread that drives the transports. */
+void weft_comm_tell_peers(struct weft_comm *comm) WEFT_HIDDEN;
 /* Enters an API call: true (and counted in comm->users) only while comm is
  * live, so destroy/abort can wait for every caller to leave before freeing. */
 bool weft_comm_acquire(struct weft_comm *comm) WEFT_HIDDEN;

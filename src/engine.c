@@ -62,6 +62,7 @@ static void finish(struct weft_engine *eng, struct weft_op *op, weft_status_t st
 static void fail_all(struct weft_engine *eng, weft_status_t st)
 {
     st = weft_comm_fail(eng->comm, st);
+    weft_comm_tell_peers(eng->comm);
     for (struct weft_op *op = eng->active, *next; op; op = next) {
         next = op->next;
         finish(eng, op, st);

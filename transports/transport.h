@@ -65,6 +65,10 @@ struct weft_transport_ops {
     weft_status_t (*progress)(void *ctx, int timeout_ms);
     /* Makes a progress() blocked in its wait return soon; any thread. */
     void (*wakeup)(void *ctx);
+    /* Optional: the communicator failed (why says how).  Fails every
+     * connection with status and lets each peer know at once, so that none
+     * waits for its timeout; logs nothing.  The thread that drives. */
+    void (*abort)(void *ctx, weft_status_t status, const char *why);
     /* Closes every connection, fails pending requests, frees ctx.  NULL ok. */
     void (*finalize)(void *ctx);
 };

@@ -123,6 +123,8 @@ void shm_signal(struct shm_conn *c)
 
 /* ---- failure ------------------------------------------------------------- */
 
+static void conn_close(struct shm_conn *c, weft_status_t status);
+
 void shm_conn_fail(struct shm_conn *c, weft_status_t status, const char *fmt, ...)
 {
     if (c->err != WEFT_OK)
@@ -133,7 +135,13 @@ void shm_conn_fail(struct shm_conn *c, weft_status_t status, const char *fmt, ..
     va_end(ap);
     c->err = status;
     weft_error(c->ctx->comm, status, "%s", c->errmsg);
-    /* Tell the peer: it reads our ring's failure record when it stalls. */
+    conn_close(c, status);
+}
+
+/* Tells the peer c failed (it reads our ring's failure record when it
+ * stalls) and fails every queued request. */
+static void conn_close(struct shm_conn *c, weft_status_t status)
+{
     if (c->rx && atomic_load_explicit(&c->rx->failed, memory_order_relaxed) == 0) {
         snprintf(c->rx->why, sizeof(c->rx->why), "%s", c->errmsg);
         atomic_store_explicit(&c->rx->failed, 1, memory_order_release);
@@ -557,6 +565,19 @@ void weft_shm_sleep_end(void *vctx)
     atomic_store_explicit(&ctx->seg->sleeping, 0, memory_order_relaxed);
 }
 
+static void shm_abort(void *vctx, weft_status_t status, const char *why)
+{
+    struct shm_ctx *ctx = vctx;
+    for (int i = 0; i < ctx->nranks; i++) {
+        struct shm_conn *c = ctx->conns[i];
+        if (c == NULL || c->err != WEFT_OK)
+            continue;
+        snprintf(c->errmsg, sizeof(c->errmsg), "%s", why);
+        c->err = status;
+        conn_close(c, status);
+    }
+}
+
 /* ---- posting and testing -------------------------------------------------- */
 
 static weft_status_t shm_post(struct shm_conn *c, bool is_send, void *buf, size_t bytes,
@@ -654,5 +675,6 @@ const struct weft_transport_ops weft_shm_ops = {
     .put_notify = NULL,
     .progress = shm_progress,
     .wakeup = shm_wakeup,
+    .abort = shm_abort,
     .finalize = shm_finalize,
 };

@@ -119,6 +119,8 @@ static void stream_complete(struct tcp_stream *st, weft_status_t status)
 
 /* Fails conn for good: records why, closes every socket toward the peer
  * (so the peer learns of it too) and fails every queued request. */
+static void conn_close(struct tcp_conn *c, weft_status_t status);
+
 void tcp_conn_fail(struct tcp_conn *c, weft_status_t status, const char *fmt, ...)
 {
     if (c->err != WEFT_OK)
@@ -129,6 +131,13 @@ void tcp_conn_fail(struct tcp_conn *c, weft_status_t status, const char *fmt, ..
     va_end(ap);
     c->err = status;
     weft_error(c->ctx->comm, status, "%s", c->errmsg);
+    conn_close(c, status);
+}
+
+/* Closes every socket of c (so the peer learns of it too) and fails every
+ * queued request. */
+static void conn_close(struct tcp_conn *c, weft_status_t status)
+{
     for (int i = 0; i < 2 * c->ctx->nstreams; i++) {
         struct tcp_stream *st = &c->streams[i];
         if (st->fd >= 0)
@@ -536,6 +545,19 @@ static weft_status_t tcp_progress(void *vctx, int timeout_ms)
     return WEFT_OK;
 }
 
+static void tcp_abort(void *vctx, weft_status_t status, const char *why)
+{
+    struct tcp_ctx *ctx = vctx;
+    for (int i = 0; i < ctx->nranks; i++) {
+        struct tcp_conn *c = ctx->conns[i];
+        if (c == NULL || c->err != WEFT_OK)
+            continue;
+        snprintf(c->errmsg, sizeof(c->errmsg), "%s", why);
+        c->err = status;
+        conn_close(c, status);
+    }
+}
+
 static void tcp_wakeup(void *vctx)
 {
     struct tcp_ctx *ctx = vctx;
@@ -558,5 +580,6 @@ const struct weft_transport_ops weft_tcp_ops = {
     .put_notify = NULL,
     .progress = tcp_progress,
     .wakeup = tcp_wakeup,
+    .abort = tcp_abort,
     .finalize = tcp_finalize,
 };

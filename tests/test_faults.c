@@ -1,0 +1,304 @@
+/*
+ * test_faults.c - the fault matrix: a peer that is killed, frozen
+ * (SIGSTOP), closes its communicator, or sends garbage, during init, in the
+ * middle of a collective loop, or while every rank is idle, over tcp and
+ * over shm.  Every surviving rank must end with WEFT_ERR_REMOTE or
+ * WEFT_ERR_TIMEOUT, a message naming a rank, within WEFT_TIMEOUT_MS + 2 s
+ * of the fault, and no rank may hang.  Each case prints one line per
+ * survivor ("fault ...: rank R REMOTE after N ms") for the record.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "src/comm.h"
+#include "src/sock.h"
+#include "transports/shm/shm.h"
+#include "transports/tcp/tcp.h"
+#include "transports/transport.h"
+
+#define NRANKS 4
+#define VICTIM 2
+#define TIMEOUT_MS 2000
+#define COUNT (64 * 1024) /* floats: 256 KiB, several chunks */
+
+enum fault { F_KILL, F_STOP, F_CLOSE, F_GARBAGE };
+enum phase { P_INIT, P_COLL, P_IDLE };
+static const char *const fault_name[] = {"kill", "stop", "close", "garbage"};
+static const char *const phase_name[] = {"init", "collective", "idle"};
+
+/* Shared by the test process and the ranks (MAP_SHARED before the fork). */
+struct board {
+    enum fault fault;
+    enum phase phase;
+    _Atomic uint64_t fault_ns;  /* when the fault happened (0: not yet) */
+    _Atomic int iters[NRANKS];  /* collectives each rank completed */
+    _Atomic int done[NRANKS];   /* the rank recorded its end */
+    int status[NRANKS];
+    uint64_t end_ns[NRANKS];
+    char msg[NRANKS][256];
+};
+static struct board *B;
+
+static void sleep_ms(int ms)
+{
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000};
+    nanosleep(&t, NULL);
+}
+
+static void mark_fault(void)
+{
+    uint64_t zero = 0;
+    atomic_compare_exchange_strong(&B->fault_ns, &zero, weft_now_ns());
+}
+
+static int record(int rank, weft_status_t st, const char *msg)
+{
+    B->status[rank] = st;
+    B->end_ns[rank] = weft_now_ns();
+    snprintf(B->msg[rank], sizeof(B->msg[rank]), "%s", msg ? msg : "");
+    atomic_store(&B->done[rank], 1);
+    /* Stay until every survivor has ended, so that none learns of the
+     * fault from a survivor's exit; then skip destroy (it would wait for
+     * peers that are gone). */
+    uint64_t end = weft_now_ns() + (uint64_t)(TIMEOUT_MS + 5000) * 1000000ull;
+    for (int r = 0; r < NRANKS && weft_now_ns() < end; r++)
+        while (r != VICTIM && !atomic_load(&B->done[r]) && weft_now_ns() < end)
+            sleep_ms(1);
+    _exit(0);
+}
+
+/* ---- the victim's own faults ----------------------------------------------------------- */
+
+/* Random bytes where the next frame header (tcp) or slot descriptor (shm)
+ * of the message stream to `peer` belongs. */
+static void send_garbage(weft_comm_t comm, int peer)
+{
+    mark_fault();
+    if (comm->link_ops[peer] == &weft_tcp_ops) {
+        struct tcp_conn *c = comm->conns[peer];
+        uint8_t junk[64];
+        for (size_t i = 0; i < sizeof(junk); i++)
+            junk[i] = (uint8_t)(i * 37 + 11);
+        if (write(c->send[0].fd, junk, sizeof(junk)) != (ssize_t)sizeof(junk))
+            fprintf(stderr, "victim: could not write garbage\n");
+        return;
+    }
+    struct shm_conn *c = comm->conns[peer];
+    struct shm_ring *ring = c->tx;
+    uint64_t head = atomic_load(&ring->head);
+    struct shm_slot *s = &ring->slot[head % c->tx_nslots];
+    s->seq = 0xdeadbeefull;
+    s->kind = 77;
+    s->msglen = 1ull << 40;
+    s->len = 1u << 30;
+    atomic_store_explicit(&s->full, 1, memory_order_release);
+    atomic_store(&ring->head, head + 1);
+    shm_signal(c);
+}
+
+static void self_fault(weft_comm_t comm)
+{
+    if (B->fault == F_GARBAGE) {
+        send_garbage(comm, (VICTIM + 1) % NRANKS);
+        return;
+    }
+    /* F_CLOSE: the process lives on, its communicator is gone. */
+    mark_fault();
+    weft_comm_abort(comm);
+    for (;;)
+        sleep_ms(1000);
+}
+
+/* ---- collective and idle phases ----------------------------------------------------------- */
+
+static int body(weft_comm_t comm, int rank, int nranks, void *arg)
+{
+    (void)arg;
+    (void)nranks;
+    float *buf = calloc(COUNT, sizeof(float));
+    if (buf == NULL)
+        return weft_test_fail(rank, "out of memory");
+    bool self = B->fault == F_CLOSE || B->fault == F_GARBAGE;
+    weft_status_t st = WEFT_OK;
+    if (B->phase == P_IDLE) {
+        st = weft_allreduce(buf, buf, COUNT, WEFT_FLOAT32, WEFT_SUM, comm);
+        if (st != WEFT_OK)
+            return weft_test_fail(rank, "first allreduce: %s", weft_last_error(comm));
+        atomic_fetch_add(&B->iters[rank], 1);
+        if (rank == VICTIM && self) {
+            sleep_ms(100);
+            self_fault(comm);
+        }
+        while (atomic_load(&B->fault_ns) == 0)
+            sleep_ms(1);
+        sleep_ms(100); /* idle after the fault, then call */
+    }
+    for (int i = 0; st == WEFT_OK; i++) {
+        if (rank == VICTIM && self && i == 20 && B->phase == P_COLL)
+            self_fault(comm);
+        st = weft_allreduce(buf, buf, COUNT, WEFT_FLOAT32, WEFT_SUM, comm);
+        atomic_fetch_add(&B->iters[rank], 1);
+        if (i > 100000)
+            return weft_test_fail(rank, "100000 allreduces and no error");
+    }
+    free(buf);
+    return record(rank, st, weft_last_error(comm));
+}
+
+/* ---- init phase --------------------------------------------------------------------------- */
+
+static void *victim_signal(void *arg)
+{
+    sleep_ms((int)(intptr_t)arg);
+    mark_fault();
+    raise(B->fault == F_KILL ? SIGKILL : SIGSTOP);
+    return NULL;
+}
+
+/* A stranger's turn at rank 0's bootstrap listener: connect, then close
+ * or send garbage, and go away without ever joining. */
+static void poke_root(const weft_unique_id_t *id)
+{
+    struct weft_uid uid;
+    int fd = -1;
+    if (weft_uid_parse(id, &uid) != WEFT_OK ||
+        weft_sock_connect(&uid.root, weft_now_ns() + 2000000000ull, &fd) != WEFT_OK)
+        return;
+    mark_fault();
+    if (B->fault == F_GARBAGE) {
+        char junk[200];
+        memset(junk, 0xa5, sizeof(junk));
+        if (write(fd, junk, sizeof(junk)) < 0)
+            fprintf(stderr, "victim: write: %s\n", strerror(errno));
+    }
+    close(fd);
+}
+
+static int init_proc(int rank, int nranks, const weft_unique_id_t *id, void *arg)
+{
+    (void)arg;
+    if (rank == VICTIM) {
+        if (B->fault == F_CLOSE || B->fault == F_GARBAGE) {
+            poke_root(id);
+            _exit(0);
+        }
+        /* Somewhere inside init (or just after it). */
+        pthread_t t;
+        pthread_create(&t, NULL, victim_signal, (void *)(intptr_t)(rank * 7 % 30));
+    }
+    weft_comm_t comm = NULL;
+    weft_status_t st = weft_comm_init(&comm, nranks, *id, rank);
+    if (st != WEFT_OK)
+        return record(rank, st, weft_last_error(NULL));
+    float *buf = calloc(COUNT, sizeof(float));
+    for (int i = 0; st == WEFT_OK && i < 100000; i++)
+        st = weft_allreduce(buf, buf, COUNT, WEFT_FLOAT32, WEFT_SUM, comm);
+    return record(rank, st, weft_last_error(comm));
+}
+
+/* ---- the test process ---------------------------------------------------------------------- */
+
+static void run_case(enum fault f, enum phase p, const char *transport)
+{
+    B = mmap(NULL, sizeof(*B), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(B != MAP_FAILED);
+    memset(B, 0, sizeof(*B));
+    B->fault = f;
+    B->phase = p;
+    char tmo[16];
+    snprintf(tmo, sizeof(tmo), "%d", TIMEOUT_MS);
+    setenv("WEFT_TIMEOUT_MS", tmo, 1);
+    setenv("WEFT_TRANSPORT", transport, 1);
+    setenv("WEFT_DEBUG", "NONE", 1);
+    struct weft_test_job job;
+    if (p == P_INIT)
+        cr_assert_eq(weft_test_job_start_proc(&job, NRANKS, init_proc, NULL), 0);
+    else
+        cr_assert_eq(weft_test_job_start(&job, NRANKS, body, NULL), 0);
+    job.quiet = true;
+    if (f == F_KILL || f == F_STOP) {
+        if (p != P_INIT) {
+            /* Mid-loop: once the victim is well into it.  Idle: once all
+             * ranks sit after their first allreduce. */
+            int want = p == P_COLL ? 20 : 1;
+            uint64_t end = weft_now_ns() + 20000000000ull;
+            for (;;) {
+                bool ready = true;
+                for (int r = 0; r < NRANKS; r++)
+                    ready &= atomic_load(&B->iters[r]) >= want;
+                if (ready || weft_now_ns() > end)
+                    break;
+                sleep_ms(1);
+            }
+            if (p == P_IDLE)
+                sleep_ms(50);
+            mark_fault();
+            weft_test_job_signal(&job, VICTIM, f == F_KILL ? SIGKILL : SIGSTOP);
+        }
+    }
+    /* The survivors end by themselves; then the victim goes. */
+    uint64_t end = weft_now_ns() + (uint64_t)(TIMEOUT_MS + 10000) * 1000000ull;
+    for (;;) {
+        int n = 0;
+        for (int r = 0; r < NRANKS; r++)
+            n += r != VICTIM && atomic_load(&B->done[r]);
+        if (n == NRANKS - 1 || weft_now_ns() > end)
+            break;
+        sleep_ms(5);
+    }
+    weft_test_job_signal(&job, VICTIM, SIGKILL);
+    weft_test_job_signal(&job, VICTIM, SIGCONT);
+    weft_test_job_wait(&job, 10);
+    uint64_t fault_ns = atomic_load(&B->fault_ns);
+    cr_assert(fault_ns != 0, "the fault never happened");
+    for (int r = 0; r < NRANKS; r++) {
+        if (r == VICTIM)
+            continue;
+        cr_assert(atomic_load(&B->done[r]), "rank %d never ended (hung: %d, exit %d)", r,
+                  job.hung[r], weft_test_job_exit_code(&job, r));
+        double ms = (double)(int64_t)(B->end_ns[r] - fault_ns) / 1e6;
+        printf("fault %-7s %-10s %-3s: rank %d %-7s after %6.0f ms: %s\n", fault_name[f],
+               phase_name[p], transport, r, weft_status_string(B->status[r]), ms, B->msg[r]);
+        cr_expect(B->status[r] == WEFT_ERR_REMOTE || B->status[r] == WEFT_ERR_TIMEOUT,
+                  "rank %d ended with %s: %s", r, weft_status_string(B->status[r]), B->msg[r]);
+        cr_expect(strstr(B->msg[r], "rank") != NULL, "rank %d: message names no rank: %s", r,
+                  B->msg[r]);
+        cr_expect(ms < TIMEOUT_MS + 2000, "rank %d took %.0f ms to see the %s", r, ms,
+                  fault_name[f]);
+    }
+    fflush(stdout);
+    munmap(B, sizeof(*B));
+}
+
+#define FAULT_CASE(f, p, t)                                                                      \
+    Test(faults, f##_##p##_##t, .timeout = 60)                                                   \
+    {                                                                                            \
+        run_case(F_##f, P_##p, #t);                                                              \
+    }
+
+#define FAULT_ROW(f, p)                                                                          \
+    FAULT_CASE(f, p, tcp)                                                                        \
+    FAULT_CASE(f, p, shm)
+
+FAULT_ROW(KILL, INIT)
+FAULT_ROW(KILL, COLL)
+FAULT_ROW(KILL, IDLE)
+FAULT_ROW(STOP, INIT)
+FAULT_ROW(STOP, COLL)
+FAULT_ROW(STOP, IDLE)
+FAULT_ROW(CLOSE, INIT)
+FAULT_ROW(CLOSE, COLL)
+FAULT_ROW(CLOSE, IDLE)
+FAULT_ROW(GARBAGE, INIT)
+FAULT_ROW(GARBAGE, COLL)
+FAULT_ROW(GARBAGE, IDLE)
