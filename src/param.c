@@ -33,6 +33,8 @@ static const struct weft_param_desc table[] = {
     {"WEFT_SHM_CMA_MIN", "int", "0", "messages at least this long are pulled with process_vm_readv instead of the ring (0: never; the ring measured faster here)", NULL},
     {"WEFT_SHM_DIR", "str", "/dev/shm", "folder for shared-memory segments (shm_open in /dev/shm, open() elsewhere)", NULL},
     {"WEFT_TOPO_FILE", "str", "", "topology file: per-transport defaults, per-host and per-pair link costs and transports (format in src/topo.h)", NULL},
+    {"WEFT_CHECK", "int", "0",
+     "1: before each collective the ranks exchange fingerprints (sequence, collective, count, dtype, op, root, algorithm); a disagreement fails the communicator with WEFT_ERR_MISMATCH naming both calls instead of hanging (one extra message round per collective; set it on every rank)", NULL},
     {"WEFT_ALGO", "str", "", "algorithms allowed (NCCL_ALGO syntax): ring, rd (recursive doubling allreduce), ^rd", "NCCL_ALGO"},
     {"WEFT_UNIQUE_ID", "str", "", "weft_comm_init_env: the unique id in hex (set by weftrun)", NULL},
     {"WEFT_ROOT", "str", "", "host:port where rank 0 listens: weft_comm_init_env, and weft_get_unique_id then returns the same id everywhere (torchrun style)", "NCCL_COMM_ID"},
