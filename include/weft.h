@@ -37,7 +37,7 @@ typedef enum {
     WEFT_ERR_ABORTED = -6,   /* weft_comm_abort() was called */
     WEFT_ERR_UNSUPPORTED = -7,
     WEFT_ERR_INTERNAL = -8,
-    WEFT_ERR_MISMATCH = -9   /* ranks called different collectives */
+    WEFT_ERR_MISMATCH = -9   /* ranks called different collectives (found with WEFT_CHECK=1) */
 } weft_status_t;
 
 /* Numbered as NCCL numbers its ncclDataType_t. */

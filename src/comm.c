@@ -23,6 +23,7 @@
 struct rank_info {
     char host[64];       /* WEFT_HOSTID, or hostname + boot id */
     char machine[64];    /* hostname + boot id: who shares our cores */
+    uint32_t check;      /* WEFT_CHECK: every rank must agree */
     uint32_t pid;
     uint32_t taddr_len;
     uint8_t taddr[WEFT_TRANSPORT_ADDR_MAX];
@@ -380,6 +381,7 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     struct rank_info me = {.pid = (uint32_t)getpid()};
     host_identity(me.host, sizeof(me.host), false);
     host_identity(me.machine, sizeof(me.machine), true);
+    me.check = weft_param_int("WEFT_CHECK") != 0;
     size_t alen = sizeof(me.taddr);
     void *tcp_ctx = NULL;
     WEFT_CHECK_GOTO(weft_tcp_ops.init(&targs, &tcp_ctx, me.taddr, &alen), st, fail);
@@ -400,6 +402,15 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
         all[r].host[sizeof(all[r].host) - 1] = '\0'; /* peers' bytes: terminate */
         all[r].machine[sizeof(all[r].machine) - 1] = '\0';
         local += strcmp(all[r].machine, me.machine) == 0;
+        if (all[r].check != all[0].check) {
+            /* A rank without fingerprints would read them as data. */
+            st = weft_error(comm, WEFT_ERR_INVALID_ARG,
+                            "rank %d: WEFT_CHECK differs between ranks (rank 0: %u, rank %d: %u); "
+                            "set it the same on every rank",
+                            rank, all[0].check, r, all[r].check);
+            weft_tcp_ops.finalize(tcp_ctx);
+            goto fail;
+        }
     }
     weft_engine_tune(comm->eng, local);
     WEFT_CHECK_GOTO(open_links(comm, &targs, tcp_ctx, all, deadline), st, fail);

@@ -5,7 +5,8 @@
  * they land and retires operations in issue order.  A blocking call drives
  * from the caller's thread; non-blocking calls are driven by a per-
  * communicator progress thread that sleeps in poll() or on a condition
- * variable when there is nothing to do.
+ * variable when there is nothing to do.  With WEFT_CHECK, a collective is
+ * held back until the fingerprint exchange before it has agreed.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -17,13 +18,6 @@
 #include "engine_impl.h"
 #include "reduce.h"
 #include "transports/transport.h"
-
-static const char *dtype_name(weft_dtype_t t)
-{
-    static const char *const names[] = {"int8",    "uint8",   "int32",   "uint32",  "int64",
-                                        "uint64",  "float16", "float32", "float64", "bfloat16"};
-    return (unsigned)t < WEFT_ARRAY_SIZE(names) ? names[t] : "?";
-}
 
 /* Moves queued ops to the active list (driver only). */
 static void activate(struct weft_engine *eng)
@@ -58,6 +52,13 @@ static void finish(struct weft_engine *eng, struct weft_op *op, weft_status_t st
     pthread_mutex_unlock(&eng->mu);
 }
 
+/* Finishes a retired or failed check op: nobody waits for it. */
+static void finish_check(struct weft_engine *eng, struct weft_op *op, weft_status_t st)
+{
+    finish(eng, op, st);
+    weft_engine_reap(eng, op);
+}
+
 /* Fails every active and queued op; the comm keeps the sticky error. */
 static void fail_all(struct weft_engine *eng, weft_status_t st)
 {
@@ -65,7 +66,7 @@ static void fail_all(struct weft_engine *eng, weft_status_t st)
     weft_comm_tell_peers(eng->comm);
     for (struct weft_op *op = eng->active, *next; op; op = next) {
         next = op->next;
-        finish(eng, op, st);
+        (op->kind == OP_CHECK ? finish_check : finish)(eng, op, st);
     }
     eng->active = eng->active_tail = NULL;
     eng->nactive = 0;
@@ -81,7 +82,7 @@ static void fail_all(struct weft_engine *eng, weft_status_t st)
         pthread_mutex_unlock(&eng->mu);
         if (!op)
             break;
-        finish(eng, op, st);
+        (op->kind == OP_CHECK ? finish_check : finish)(eng, op, st);
     }
 }
 
@@ -191,6 +192,11 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
     uint32_t gen = ++eng->gen;
     int budget = SCAN_BUDGET;
     for (struct weft_op *op = eng->active; op && budget > 0; op = op->next) {
+        /* A collective whose fingerprints have not agreed yet moves nothing,
+         * and ops after it wait too: posting theirs first would break each
+         * peer's message order. */
+        if (op->gated)
+            break;
         const struct weft_step *steps = op->s->steps;
         size_t n = op->s->nsteps;
         while (op->first_pending < n && op->st[op->first_pending] != ST_PENDING)
@@ -244,6 +250,7 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
             }
             case WEFT_STEP_SEND:
                 st = t->isend(conn, step_ptr(op, s->buf, s->off), bytes, NULL, &op->treq[i]);
+                eng->stats.sends++;
                 break;
             case WEFT_STEP_RECV:
                 st = t->irecv(conn, step_ptr(op, s->buf, s->off), bytes, NULL, &op->treq[i]);
@@ -272,8 +279,12 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
 
 static const char *coll_label(const struct weft_op *op, char *buf, size_t len)
 {
-    snprintf(buf, len, "%s #%llu (count %zu, %s)", weft_coll_name(op->a.coll),
-             (unsigned long long)op->seq, op->a.count, dtype_name(op->a.dtype));
+    if (op->kind == OP_CHECK)
+        snprintf(buf, len, "the fingerprint exchange (WEFT_CHECK) before %s #%llu",
+                 weft_coll_name(op->a.coll), (unsigned long long)op->seq);
+    else
+        snprintf(buf, len, "%s #%llu (count %zu, %s)", weft_coll_name(op->a.coll),
+                 (unsigned long long)op->seq, op->a.count, weft_dtype_name(op->a.dtype));
     return buf;
 }
 
@@ -364,8 +375,16 @@ static weft_status_t drive_once(struct weft_engine *eng, bool *changed)
     WEFT_CHECK(post_ready(eng, changed));
     if (eng->active)
         WEFT_CHECK(weft_comm_progress(comm, 0));
-    for (struct weft_op *op = eng->active; op; op = op->next)
+    for (struct weft_op *op = eng->active; op; op = op->next) {
         WEFT_CHECK(complete_posted(eng, op, changed));
+        if (op->kind == OP_CHECK && !op->verified && op->ndone == op->s->nsteps) {
+            /* Every record is in: agree, or fail the communicator. */
+            WEFT_CHECK(weft_check_verify(comm, op->fps));
+            op->verified = true;
+            op->target->gated = false;
+            *changed = true;
+        }
+    }
     /* Retire finished ops; completion is reported in issue order. */
     while (eng->active && eng->active->ndone == eng->active->s->nsteps) {
         struct weft_op *op = eng->active;
@@ -373,7 +392,7 @@ static weft_status_t drive_once(struct weft_engine *eng, bool *changed)
         if (!eng->active)
             eng->active_tail = NULL;
         eng->nactive--;
-        finish(eng, op, WEFT_OK);
+        (op->kind == OP_CHECK ? finish_check : finish)(eng, op, WEFT_OK);
         *changed = true;
     }
     return WEFT_OK;
@@ -473,11 +492,9 @@ static void *progress_main(void *arg)
     return NULL;
 }
 
-void weft_engine_submit(struct weft_comm *comm, struct weft_op *op, bool background)
+/* Appends op to the queue; called with mu held. */
+static void enqueue(struct weft_engine *eng, struct weft_op *op)
 {
-    struct weft_engine *eng = comm->eng;
-    pthread_mutex_lock(&eng->mu);
-    op->seq = eng->next_seq++;
     op->next = NULL;
     op->started = false;
     if (eng->qtail)
@@ -486,6 +503,26 @@ void weft_engine_submit(struct weft_comm *comm, struct weft_op *op, bool backgro
         eng->qhead = op;
     eng->qtail = op;
     eng->nlive++;
+}
+
+void weft_engine_submit(struct weft_comm *comm, struct weft_op *op, bool background)
+{
+    struct weft_engine *eng = comm->eng;
+    pthread_mutex_lock(&eng->mu);
+    op->seq = eng->next_seq++;
+    eng->stats.ops++;
+    struct weft_op *pre = op->pre;
+    if (pre) {
+        /* The exchange goes first, under the same number; the engine owns
+         * it from here. */
+        op->pre = NULL;
+        pre->seq = op->seq;
+        pre->fps[comm->rank].seq = eng->coll_seq++;
+        op->gated = true;
+        eng->stats.checks++;
+        enqueue(eng, pre);
+    }
+    enqueue(eng, op);
     if (background && !eng->thread_started && !eng->stop) {
         if (pthread_create(&eng->thread, NULL, progress_main, eng) == 0)
             eng->thread_started = true;
@@ -567,6 +604,14 @@ weft_status_t weft_engine_drain(struct weft_comm *comm)
     }
     pthread_mutex_unlock(&eng->mu);
     return (weft_status_t)atomic_load(&comm->error);
+}
+
+void weft_engine_get_stats(struct weft_comm *comm, struct weft_engine_stats *out)
+{
+    struct weft_engine *eng = comm->eng;
+    pthread_mutex_lock(&eng->mu);
+    *out = eng->stats;
+    pthread_mutex_unlock(&eng->mu);
 }
 
 void weft_engine_abort(struct weft_comm *comm, weft_status_t status)

@@ -26,6 +26,16 @@ struct weft_op_args {
     int root;
 };
 
+/* What the engine has done, for tests and benchmarks.  ops and checks are
+ * exact at any time; sends is exact while no op is in flight. */
+struct weft_engine_stats {
+    uint64_t ops;    /* operations submitted by callers */
+    uint64_t checks; /* fingerprint exchanges run before collectives (WEFT_CHECK) */
+    uint64_t sends;  /* messages handed to a transport (sends to self excluded) */
+};
+
+/* Reads WEFT_CHECK: with it set and more than one rank, every collective
+ * is preceded by a fingerprint exchange (src/check.h). */
 weft_status_t weft_engine_create(struct weft_comm *comm, struct weft_engine **out) WEFT_HIDDEN;
 /* Stops the progress thread and frees everything; ops must be finished
  * (weft_engine_drain) or failed (weft_engine_abort) first.  NULL ok. */
@@ -37,7 +47,10 @@ void weft_engine_tune(struct weft_engine *eng, int local_ranks) WEFT_HIDDEN;
 /* What weft_engine_tune chose: spin time, and whether to yield meanwhile. */
 void weft_engine_spin(const struct weft_engine *eng, uint64_t *spin_ns, bool *yield) WEFT_HIDDEN;
 
-/* Builds (or takes from the cache) the op's schedule. */
+/* Builds (or takes from the cache) the op's schedule.  With WEFT_CHECK, a
+ * collective also gets its fingerprint exchange, submitted with it; the
+ * collective moves no byte until every rank's fingerprint agrees, and a
+ * disagreement fails the communicator with WEFT_ERR_MISMATCH. */
 weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_args *args,
                                  struct weft_op **out) WEFT_HIDDEN;
 /* Queues op; it may start moving at once.  With background = true the
@@ -58,5 +71,6 @@ weft_status_t weft_engine_drain(struct weft_comm *comm) WEFT_HIDDEN;
  * no thread is driving progress. */
 void weft_engine_abort(struct weft_comm *comm, weft_status_t status) WEFT_HIDDEN;
 struct weft_comm *weft_op_comm(struct weft_op *op) WEFT_HIDDEN;
+void weft_engine_get_stats(struct weft_comm *comm, struct weft_engine_stats *out) WEFT_HIDDEN;
 
 #endif /* WEFT_ENGINE_H */

@@ -9,6 +9,7 @@
 #include <pthread.h>
 
 #include "algorithms/schedule.h"
+#include "check.h"
 #include "engine.h"
 
 /* Step states.  LANDED: a RECV_REDUCE whose bytes are in its staging slot
@@ -28,6 +29,11 @@ struct sched_entry {
     uint64_t last_use;
     bool valid;
 };
+
+/* What an op is: a caller's operation, or (WEFT_CHECK=1) the fingerprint
+ * exchange the engine runs before a caller's collective.  A check op has no
+ * waiter: the engine frees it when it retires or fails. */
+enum op_kind { OP_USER = 0, OP_CHECK };
 
 /* A posted send to our own rank, waiting for our matching receive. */
 struct self_send {
@@ -67,6 +73,16 @@ struct weft_op {
     weft_status_t status;
     bool done;                   /* guarded by eng->mu */
     bool started;                /* the driver has set it up */
+
+    /* WEFT_CHECK=1 only. */
+    uint8_t kind;                /* enum op_kind */
+    bool gated;                  /* user op: its check has not passed yet, so
+                                    neither it nor any later op posts a step */
+    bool verified;               /* check op: the records agreed */
+    struct weft_op *pre;         /* user op from op_new to submit: its check op */
+    struct weft_op *target;      /* check op: the user op it holds back */
+    struct weft_fingerprint *fps; /* check op: (nranks) records, ours at [rank];
+                                    kept when the op is recycled */
 };
 
 /*
@@ -104,6 +120,13 @@ struct weft_engine {
     struct sched_entry cache[SCHED_CACHE];   /* (mu) */
     uint64_t cache_clock;
     struct scratch scratch[MAX_ACTIVE];      /* (driver) */
+
+    /* WEFT_CHECK=1 with more than one rank: every collective is preceded
+     * by a check op running check_sched. */
+    bool check;
+    struct weft_schedule check_sched;        /* the fingerprint exchange */
+    uint64_t coll_seq;                       /* collectives submitted (mu) */
+    struct weft_engine_stats stats;          /* ops, checks (mu); sends (driver) */
 };
 
 

@@ -102,6 +102,9 @@ bool weft_registry_find(struct weft_registry *r, const void *p, void (*found)(co
  * the full name ("WEFT_SOCKET_NSTREAMS"); asking for a name missing from
  * the table is a programming error caught by the tests. */
 int64_t weft_param_int(const char *name) WEFT_HIDDEN;
+/* Reads the environment again: for a forked child (tests) that sets its own
+ * values before any other thread runs.  Not thread-safe. */
+void weft_param_reload(void) WEFT_HIDDEN;
 const char *weft_param_str(const char *name) WEFT_HIDDEN; /* never NULL */
 struct weft_param_desc {
     const char *name;

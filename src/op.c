@@ -43,6 +43,15 @@ weft_status_t weft_engine_create(struct weft_comm *comm, struct weft_engine **ou
     for (int i = 0; i < eng->nslots; i++)
         eng->free_slots[i] = i;
     eng->nfree_slots = eng->nslots;
+    weft_sched_init(&eng->check_sched);
+    eng->check = weft_param_int("WEFT_CHECK") != 0 && comm->nranks > 1;
+    if (eng->check) {
+        weft_status_t st = weft_check_sched_build(comm->rank, comm->nranks, &eng->check_sched);
+        if (st != WEFT_OK) {
+            weft_engine_destroy(eng);
+            return weft_error(comm, st, "cannot build the fingerprint exchange (WEFT_CHECK)");
+        }
+    }
     *out = eng;
     return WEFT_OK;
 }
@@ -71,6 +80,9 @@ void weft_engine_spin(const struct weft_engine *eng, uint64_t *spin_ns, bool *yi
 
 static void op_release(struct weft_op *op)
 {
+    if (op->pre)
+        op_release(op->pre);
+    free(op->fps);
     free(op->st);
     free(op->treq);
     free(op->slot);
@@ -102,6 +114,7 @@ void weft_engine_destroy(struct weft_engine *eng)
             weft_sched_free(&eng->cache[i].s);
     for (size_t i = 0; i < MAX_ACTIVE; i++)
         weft_buf_free(eng->scratch[i].p, eng->scratch[i].bytes);
+    weft_sched_free(&eng->check_sched);
     weft_buf_free(eng->staging, (size_t)eng->nslots * eng->chunk_bytes);
     free(eng->stamp);
     free(eng->free_slots);
@@ -188,11 +201,10 @@ static void sched_put(struct weft_engine *eng, struct weft_op *op)
     }
 }
 
-weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_args *args,
-                                 struct weft_op **out)
+/* A recycled (or new) op, reset for args. */
+static struct weft_op *op_get(struct weft_comm *comm, const struct weft_op_args *args)
 {
     struct weft_engine *eng = comm->eng;
-    size_t esize = weft_dtype_size(args->dtype);
     pthread_mutex_lock(&eng->mu);
     struct weft_op *op = eng->free_ops;
     if (op)
@@ -201,18 +213,62 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
     if (op == NULL) {
         op = calloc(1, sizeof(*op));
         if (op == NULL)
-            return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate an operation");
+            return NULL;
         weft_sched_init(&op->own);
     }
     op->next = NULL;
     op->comm = comm;
     op->a = *args;
-    op->esize = esize;
+    op->esize = weft_dtype_size(args->dtype);
     op->ent = NULL;
     op->scratch = NULL;
     op->done = op->started = false;
     op->status = WEFT_OK;
     op->nposted = op->first_pending = op->ndone = 0;
+    op->kind = OP_USER;
+    op->gated = op->verified = false;
+    op->pre = op->target = NULL;
+    return op;
+}
+
+/* Gives the collective op (whose schedule was built from d) the check op
+ * that exchanges its fingerprint; the seq is filled in at submit. */
+static weft_status_t check_op_new(struct weft_comm *comm, struct weft_op *op,
+                                  const struct weft_coll_desc *d)
+{
+    struct weft_engine *eng = comm->eng;
+    struct weft_op_args ca = {.coll = op->a.coll, .count = sizeof(struct weft_fingerprint),
+                              .dtype = WEFT_UINT8, .op = WEFT_SUM};
+    struct weft_op *c = op_get(comm, &ca);
+    if (c == NULL)
+        return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate a fingerprint exchange");
+    c->kind = OP_CHECK;
+    c->target = op;
+    op->pre = c; /* from here on freed with op */
+    if (c->fps == NULL) {
+        c->fps = calloc((size_t)comm->nranks, sizeof(*c->fps));
+        if (c->fps == NULL)
+            return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate %d fingerprints",
+                              comm->nranks);
+    }
+    c->s = &eng->check_sched;
+    WEFT_CHECK(op_reserve(c, c->s->nsteps));
+    memset(c->st, ST_PENDING, c->s->nsteps);
+    memset(c->fps, 0, (size_t)comm->nranks * sizeof(*c->fps));
+    weft_fp_fill(&c->fps[comm->rank], &op->a, d->algo, d->chunk * op->esize);
+    c->a.sendbuf = &c->fps[comm->rank];
+    c->a.recvbuf = c->fps;
+    return WEFT_OK;
+}
+
+weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_args *args,
+                                 struct weft_op **out)
+{
+    struct weft_engine *eng = comm->eng;
+    size_t esize = weft_dtype_size(args->dtype);
+    struct weft_op *op = op_get(comm, args);
+    if (op == NULL)
+        return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate an operation");
 
     weft_status_t st = WEFT_OK;
     if (args->coll == WEFT_COLL_SEND || args->coll == WEFT_COLL_RECV) {
@@ -243,6 +299,8 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
         pthread_mutex_unlock(&eng->mu);
         if (st == WEFT_OK)
             op->s = &op->ent->s;
+        if (st == WEFT_OK && eng->check)
+            st = check_op_new(comm, op, &d);
     }
     if (st == WEFT_OK)
         st = op_reserve(op, op->s->nsteps);
@@ -264,6 +322,10 @@ void weft_engine_op_discard(struct weft_op *op)
 void weft_engine_op_free(struct weft_comm *comm, struct weft_op *op)
 {
     struct weft_engine *eng = comm->eng;
+    struct weft_op *pre = op->pre;
+    op->pre = NULL;
+    if (pre)
+        weft_engine_op_free(comm, pre);
     sched_put(eng, op);
     pthread_mutex_lock(&eng->mu);
     op->next = eng->free_ops;

@@ -34,6 +34,8 @@ static const struct weft_param_desc table[] = {
     {"WEFT_SHM_DIR", "str", "/dev/shm", "folder for shared-memory segments (shm_open in /dev/shm, open() elsewhere)", NULL},
     {"WEFT_CALIBRATE", "int", "1", "1: time a short ping-pong between ring neighbours at init and start the link table from it; 0: built-in defaults", NULL},
     {"WEFT_TOPO_FILE", "str", "", "topology file: per-transport defaults, per-host and per-pair link costs and transports (format in src/topo.h)", NULL},
+    {"WEFT_CHECK", "int", "0",
+     "1: before each collective the ranks exchange fingerprints (sequence, collective, count, dtype, op, root, algorithm); a disagreement fails the communicator with WEFT_ERR_MISMATCH naming both calls instead of hanging (one extra message round per collective; set it on every rank)", NULL},
     {"WEFT_ALGO", "str", "", "algorithms allowed (NCCL_ALGO syntax): ring, rd (recursive doubling allreduce), ^rd", "NCCL_ALGO"},
     {"WEFT_UNIQUE_ID", "str", "", "weft_comm_init_env: the unique id in hex (set by weftrun)", NULL},
     {"WEFT_ROOT", "str", "", "host:port where rank 0 listens: weft_comm_init_env, and weft_get_unique_id then returns the same id everywhere (torchrun style)", "NCCL_COMM_ID"},
@@ -117,6 +119,14 @@ static void load(void)
             weft_parse_size(table[i].dflt, &ints[i]);
         }
     }
+}
+
+void weft_param_reload(void)
+{
+    pthread_once(&once, load);
+    for (size_t i = 0; i < WEFT_ARRAY_SIZE(table); i++)
+        free(values[i]);
+    load();
 }
 
 static size_t find(const char *name)
