@@ -109,8 +109,11 @@ WEFT_API weft_status_t weft_comm_abort(weft_comm_t comm);
 WEFT_API weft_status_t weft_comm_split(weft_comm_t comm, int color, int key, weft_comm_t *newcomm);
 /* Called by every rank of comm that is not in excluded[0..nexcluded-1]
  * (the excluded ranks do not call it): they form *newcomm, keeping their
- * order.  Only the links between those ranks are used.  comm stays as it
- * was and is still destroyed by its owner. */
+ * order.  No link of comm is used, so it works after comm failed (a rank
+ * died, hung or was aborted): the survivors list the lost ranks and go on.
+ * Every survivor must pass the same list, and have made the same split and
+ * shrink calls on comm before.  comm stays as it was (failed or not) and is
+ * still destroyed by its owner. */
 WEFT_API weft_status_t weft_comm_shrink(weft_comm_t comm, const int *excluded, int nexcluded,
                                         weft_comm_t *newcomm);
 WEFT_API weft_status_t weft_comm_rank(weft_comm_t comm, int *rank);

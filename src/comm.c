@@ -24,6 +24,7 @@ struct rank_info {
     char host[64];       /* WEFT_HOSTID, or hostname + boot id */
     char machine[64];    /* hostname + boot id: who shares our cores */
     uint32_t check;      /* WEFT_CHECK: every rank must agree */
+    union weft_sockaddr rescue; /* shrink's rendezvous listener */
     uint32_t pid;
     uint32_t taddr_len;
     uint8_t taddr[WEFT_TRANSPORT_ADDR_MAX];
@@ -175,6 +176,9 @@ static void comm_free(struct weft_comm *comm)
     for (int i = 0; i < comm->ntp; i++)
         comm->tp[i].ops->finalize(comm->tp[i].ctx);
     weft_bootstrap_close(comm->bs);
+    if (comm->rescue_fd >= 0)
+        close(comm->rescue_fd);
+    free(comm->rescue);
     free(comm->conns);
     free(comm->link_ops);
     weft_topo_table_fini(&comm->topo);
@@ -352,6 +356,7 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     if (comm == NULL)
         return weft_error(NULL, WEFT_ERR_NO_MEMORY, "cannot allocate a communicator");
     comm->algos = algos;
+    comm->rescue_fd = -1;
     pthread_mutex_init(&comm->err_mu, NULL);
     comm->rank = rank;
     comm->nranks = nranks;
@@ -363,9 +368,10 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     weft_log_set_rank(rank);
 
     comm->conns = calloc((size_t)nranks, sizeof(void *));
+    comm->rescue = calloc((size_t)nranks, sizeof(*comm->rescue));
     comm->link_ops = calloc((size_t)nranks, sizeof(*comm->link_ops));
     all = calloc((size_t)nranks, sizeof(*all));
-    if (comm->conns == NULL || comm->link_ops == NULL || all == NULL) {
+    if (comm->conns == NULL || comm->link_ops == NULL || comm->rescue == NULL || all == NULL) {
         st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "cannot allocate tables for %d ranks", nranks);
         goto fail;
     }
@@ -388,6 +394,14 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     me.taddr_len = (uint32_t)alen;
     memcpy(comm->taddr, me.taddr, alen);
     comm->taddr_len = alen;
+    /* Shrink's listener: on the tcp address, port chosen by the kernel. */
+    memcpy(&me.rescue, me.taddr, WEFT_MIN(alen, sizeof(me.rescue)));
+    me.rescue.in.sin_port = 0; /* same offset in both families */
+    st = weft_sock_listen(&me.rescue, &comm->rescue_fd);
+    if (st != WEFT_OK) {
+        weft_tcp_ops.finalize(tcp_ctx);
+        goto fail;
+    }
     char buf[96];
     WEFT_INFO(WEFT_SUB_INIT, "rank %d/%d: tcp on %s (%s)", rank, nranks,
               weft_sock_str(&targs.local, buf, sizeof(buf)), ifname);
@@ -401,6 +415,7 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     for (int r = 0; r < nranks; r++) {
         all[r].host[sizeof(all[r].host) - 1] = '\0'; /* peers' bytes: terminate */
         all[r].machine[sizeof(all[r].machine) - 1] = '\0';
+        comm->rescue[r] = all[r].rescue; /* checked when used */
         local += strcmp(all[r].machine, me.machine) == 0;
         if (all[r].check != all[0].check) {
             /* A rank without fingerprints would read them as data. */

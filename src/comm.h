@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 
 #include "internal.h"
+#include "sock.h"
 #include "topo.h"
 
 #define WEFT_ERRMSG_LEN 512
@@ -49,6 +50,11 @@ struct weft_comm {
     _Atomic int told_peers;            /* weft_comm_tell_peers ran */
     _Atomic int users;                 /* threads inside an API call on it */
     uint32_t nchildren;                /* split/shrink calls so far (all ranks agree) */
+    /* Shrink's rendezvous, opened at init so that it needs no working link:
+     * our listener, and every rank's address (the lowest survivor's is the
+     * new communicator's root). */
+    int rescue_fd;
+    union weft_sockaddr *rescue;       /* (nranks) */
     pthread_mutex_t err_mu;
     char last_error[WEFT_ERRMSG_LEN];  /* guarded by err_mu */
 };

@@ -1,10 +1,13 @@
 /*
- * split.c - communicators made from a live one: weft_comm_split (every rank
- * takes part, grouped by color) and weft_comm_shrink (only the survivors
- * take part).  Each new group has a leader (its new rank 0) that opens the
- * rendezvous listener and publishes its address; the group's secret is
- * derived from the parent's, so no secret ever crosses the wire.
+ * split.c - communicators made from another: weft_comm_split (every rank of
+ * a live one takes part, grouped by color) and weft_comm_shrink (only the
+ * survivors take part, and the parent may have failed).  Each new group
+ * has a leader (its new rank 0) that runs the rendezvous: for split on a
+ * listener it opens and publishes then, for shrink on the one it published
+ * at init.  The group's secret is derived from the parent's, so no secret
+ * ever crosses the wire.
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -149,6 +152,27 @@ weft_status_t weft_comm_split(weft_comm_t comm, int color, int key, weft_comm_t 
     return st;
 }
 
+/* The child's job id: every survivor computes the same from the parent's
+ * secret, the call's sequence number and who is gone. */
+static uint64_t shrink_job(const struct weft_comm *parent, uint32_t seq, const bool *gone)
+{
+    uint8_t mac[32], msg[32] = "weft-shrink";
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over the excluded ranks */
+    for (int r = 0; r < parent->nranks; r++)
+        if (gone[r])
+            h = (h ^ (uint64_t)r) * 1099511628211ull;
+    memcpy(msg + 12, &seq, 4);
+    memcpy(msg + 16, &h, 8);
+    memcpy(msg + 24, &parent->job, 8);
+    weft_hmac_sha256(parent->secret, sizeof(parent->secret), msg, sizeof(msg), mac);
+    uint64_t job;
+    memcpy(&job, mac, sizeof(job));
+    return job;
+}
+
+/* No link of the parent is used (it may have failed): the new root is the
+ * lowest survivor, on the listener it opened at init and published then;
+ * id and secret are derived, so nothing needs to be exchanged first. */
 static weft_status_t shrink_acquired(struct weft_comm *comm, const bool *gone,
                                      weft_comm_t *newcomm)
 {
@@ -163,20 +187,28 @@ static weft_status_t shrink_acquired(struct weft_comm *comm, const bool *gone,
         newrank += r < comm->rank;
         n++;
     }
-    /* Only the links between survivors are used: the leader hands its
-     * offer to each of them. */
-    struct child_offer offer;
+    struct weft_uid uid = {.root = comm->rescue[leader], .job = shrink_job(comm, seq, gone)};
+    if (uid.root.sa.sa_family != AF_INET && uid.root.sa.sa_family != AF_INET6)
+        return weft_error(comm, WEFT_ERR_REMOTE, "%s: rank %d published no rendezvous address",
+                          fn, leader);
+    child_secret(comm, seq, -2, uid.job, uid.secret);
     if (leader == comm->rank) {
-        make_offer(comm, &offer);
-        weft_group_start();
-        for (int r = 0; r < comm->nranks; r++)
-            if (!gone[r] && r != leader)
-                weft_send(&offer, sizeof(offer), WEFT_UINT8, r, comm);
-        WEFT_CHECK(weft_group_end());
-    } else {
-        WEFT_CHECK(weft_recv(&offer, sizeof(offer), WEFT_UINT8, leader, comm));
+        /* The child's bootstrap takes (and closes) a duplicate, so that the
+         * next shrink of this communicator finds the listener still here. */
+        int fd = dup(comm->rescue_fd);
+        if (fd < 0)
+            return weft_error(comm, WEFT_ERR_SYSTEM, "%s: dup of the rendezvous listener: %s",
+                              fn, strerror(errno));
+        weft_uid_hold_listener(uid.job, fd);
     }
-    return join_offer(comm, fn, seq, -2, leader, &offer, n, newrank, newcomm);
+    weft_status_t st = weft_comm_create(newcomm, n, &uid, newrank);
+    if (st != WEFT_OK) {
+        weft_error_quiet(comm, st, "%s: %s", fn, weft_thread_last_error());
+        int left = leader == comm->rank ? weft_uid_take_listener(uid.job) : -1;
+        if (left >= 0)
+            close(left); /* the child never took it */
+    }
+    return st;
 }
 
 weft_status_t weft_comm_shrink(weft_comm_t comm, const int *excluded, int nexcluded,
@@ -217,12 +249,8 @@ weft_status_t weft_comm_shrink(weft_comm_t comm, const int *excluded, int nexclu
                               fn, comm->rank);
         goto out;
     }
-    st = weft_comm_get_error(comm);
-    if (st != WEFT_OK)
-        st = weft_error_quiet(comm, st, "%s: the communicator has failed (%s)", fn,
-                              weft_status_string(st));
-    else
-        st = shrink_acquired(comm, gone, newcomm);
+    /* A failed communicator can shrink: that is what shrink is for. */
+    st = shrink_acquired(comm, gone, newcomm);
 out:
     free(gone);
     weft_comm_release(comm);

@@ -302,3 +302,118 @@ FAULT_ROW(CLOSE, IDLE)
 FAULT_ROW(GARBAGE, INIT)
 FAULT_ROW(GARBAGE, COLL)
 FAULT_ROW(GARBAGE, IDLE)
+
+/* ---- shrink after a failure -------------------------------------------------------------- */
+
+/* A "training loop": each step all-reduces a gradient whose exact sum is
+ * known.  The victim is killed mid-loop; the survivors see the error,
+ * shrink around the victim and finish every remaining step on the new
+ * communicator with exact results. */
+#define STEPS 60
+
+static int step_check(weft_comm_t comm, float *g, int step, int rank, int members,
+                      const int *ranks_in)
+{
+    for (size_t i = 0; i < COUNT; i++)
+        g[i] = (float)(rank + 1) * (float)(step % 7 + 1) + (float)(i % 5);
+    weft_status_t st = weft_allreduce(g, g, COUNT, WEFT_FLOAT32, WEFT_SUM, comm);
+    if (st != WEFT_OK)
+        return st;
+    float sum_r = 0;
+    for (int k = 0; k < members; k++)
+        sum_r += (float)(ranks_in[k] + 1);
+    for (size_t i = 0; i < COUNT; i += 97) {
+        float want = sum_r * (float)(step % 7 + 1) + (float)members * (float)(i % 5);
+        if (g[i] != want) {
+            fprintf(stderr, "rank %d: step %d: element %zu is %g, expected %g\n", rank, step, i,
+                    (double)g[i], (double)want);
+            return -1000;
+        }
+    }
+    return WEFT_OK;
+}
+
+static int g_shrink_victim;
+
+static int shrink_body(weft_comm_t comm, int rank, int nranks, void *arg)
+{
+    (void)arg;
+    float *g = calloc(COUNT, sizeof(float));
+    int all[NRANKS], survivors[NRANKS], ns = 0;
+    for (int r = 0; r < nranks; r++) {
+        all[r] = r;
+        if (r != g_shrink_victim)
+            survivors[ns++] = r;
+    }
+    int step = 0, st = WEFT_OK;
+    for (; step < STEPS; step++) {
+        st = step_check(comm, g, step, rank, nranks, all);
+        atomic_fetch_add(&B->iters[rank], 1);
+        if (st != WEFT_OK)
+            break;
+    }
+    if (st == -1000)
+        return 1;
+    if (step == STEPS)
+        return weft_test_fail(rank, "all %d steps passed; the victim was never killed", STEPS);
+    if (st != WEFT_ERR_REMOTE && st != WEFT_ERR_TIMEOUT)
+        return weft_test_fail(rank, "step %d failed with %s: %s", step,
+                              weft_status_string(st), weft_last_error(comm));
+    /* The failed step is redone on the survivors' communicator. */
+    weft_comm_t small = NULL;
+    int excluded = g_shrink_victim;
+    weft_status_t sst = weft_comm_shrink(comm, &excluded, 1, &small);
+    if (sst != WEFT_OK)
+        return weft_test_fail(rank, "shrink: %s: %s", weft_status_string(sst),
+                              weft_last_error(comm));
+    int me = -1, n = 0;
+    weft_comm_rank(small, &me);
+    weft_comm_size(small, &n);
+    if (n != NRANKS - 1 || me != rank - (rank > g_shrink_victim))
+        return weft_test_fail(rank, "new communicator: rank %d of %d", me, n);
+    for (; step < STEPS; step++) {
+        st = step_check(small, g, step, rank, ns, survivors);
+        if (st != WEFT_OK)
+            return weft_test_fail(rank, "step %d after the shrink: %s: %s", step,
+                                  weft_status_string(st), weft_last_error(small));
+    }
+    /* Shrinking the failed communicator again also works (a second
+     * rendezvous on the same listener). */
+    weft_comm_t again = NULL;
+    sst = weft_comm_shrink(comm, &excluded, 1, &again);
+    if (sst != WEFT_OK || step_check(again, g, 0, rank, ns, survivors) != WEFT_OK)
+        return weft_test_fail(rank, "second shrink: %s", weft_last_error(comm));
+    weft_comm_destroy(again);
+    weft_comm_destroy(small);
+    free(g);
+    return record(rank, WEFT_OK, "");
+}
+
+static void run_shrink(int victim, const char *transport)
+{
+    B = mmap(NULL, sizeof(*B), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(B != MAP_FAILED);
+    memset(B, 0, sizeof(*B));
+    g_shrink_victim = victim;
+    setenv("WEFT_TIMEOUT_MS", "5000", 1);
+    setenv("WEFT_TRANSPORT", transport, 1);
+    setenv("WEFT_DEBUG", "NONE", 1);
+    struct weft_test_job job;
+    cr_assert_eq(weft_test_job_start(&job, NRANKS, shrink_body, NULL), 0);
+    job.quiet = true;
+    uint64_t end = weft_now_ns() + 20000000000ull;
+    while (atomic_load(&B->iters[victim]) < 10 && weft_now_ns() < end)
+        sleep_ms(1);
+    weft_test_job_signal(&job, victim, SIGKILL);
+    weft_test_job_wait(&job, 40);
+    for (int r = 0; r < NRANKS; r++)
+        if (r != victim)
+            cr_expect(atomic_load(&B->done[r]) && B->status[r] == WEFT_OK,
+                      "rank %d did not finish after the shrink (exit %d, hung %d)", r,
+                      weft_test_job_exit_code(&job, r), job.hung[r]);
+    munmap(B, sizeof(*B));
+}
+
+Test(faults, shrink_after_kill_tcp, .timeout = 60) { run_shrink(2, "tcp"); }
+Test(faults, shrink_after_kill_shm, .timeout = 60) { run_shrink(2, "shm"); }
+Test(faults, shrink_after_kill_of_rank_0, .timeout = 60) { run_shrink(0, "tcp"); }
