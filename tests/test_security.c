@@ -6,7 +6,8 @@
  * must get nothing but a closed connection.  (b) After init, a thread
  * hammers a rank's data listener the same way while the ranks run
  * allreduces.  (c) Ranks that disagree on the secret fail with an error
- * within WEFT_TIMEOUT_MS instead of hanging.
+ * within WEFT_TIMEOUT_MS instead of hanging.  (d) The same stranger at the
+ * listener a rank opens for weft_comm_shrink, before and during a shrink.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -281,7 +282,8 @@ Test(security, strangers_during_init, .timeout = 60)
 /* The stranger thread's state.  Owner: rank 0's body; the thread writes
  * the counters, the body reads them after joining it. */
 struct hammer {
-    union weft_sockaddr target;  /* rank 1's data listener */
+    union weft_sockaddr target;  /* rank 1's data listener (or rank 0's shrink listener) */
+    uint16_t kind;               /* the handshake the listener expects */
     uint64_t job;
     atomic_int stop;
     atomic_int rounds;           /* stranger rounds done */
@@ -325,7 +327,7 @@ static void *hammer_main(void *arg)
             send_some(quiet, junk, 1);
         const char *why = NULL;
         /* Claims to be rank 0 or 2, with the right job but not the secret. */
-        if (wrong_secret_handshake(&h->target, WEFT_AUTH_DATA, h->job, (uint32_t)(k % 2) * 2,
+        if (wrong_secret_handshake(&h->target, h->kind, h->job, (uint32_t)(k % 2) * 2,
                                    B_RANKS, &why) == WEFT_OK)
             h->auth_ok++;
         if (quiet >= 0) {
@@ -355,6 +357,7 @@ static int hammered_body(weft_comm_t comm, int rank, int p, void *arg)
     pthread_t th;
     if (rank == 0) {
         memcpy(&h.target, addrs[1], sizeof(h.target));
+        h.kind = WEFT_AUTH_DATA;
         h.job = comm->job;
         if (pthread_create(&th, NULL, hammer_main, &h) != 0)
             return weft_test_fail(rank, "pthread_create failed");
@@ -512,3 +515,57 @@ static void disagree(bool same_job)
 
 Test(security, secret_mismatch_same_job, .timeout = 30) { disagree(true); }
 Test(security, secret_mismatch_other_job, .timeout = 30) { disagree(false); }
+
+/* ---- (d) the shrink rendezvous listener ---------------------------------------- */
+
+static int shrink_hammered_body(weft_comm_t comm, int rank, int p, void *arg)
+{
+    (void)arg;
+    struct hammer h;
+    memset(&h, 0, sizeof(h));
+    pthread_t th;
+    if (rank == 1) {
+        /* Rank 0 will be the new communicator's root: its listener, with
+         * the parent's job (the stranger cannot know the derived one). */
+        h.target = comm->rescue[0];
+        h.kind = WEFT_AUTH_BOOTSTRAP;
+        h.job = comm->job;
+        if (pthread_create(&th, NULL, hammer_main, &h) != 0)
+            return weft_test_fail(rank, "pthread_create failed");
+    }
+    /* Let the stranger fill the listener's queue before anyone listens. */
+    for (int32_t busy = 1; busy;) {
+        int32_t mine = rank == 1 && atomic_load(&h.rounds) < 3;
+        WT_CHECK_OK(rank, comm, "vote", weft_allreduce(&mine, &busy, 1, WEFT_INT32, WEFT_MAX, comm));
+    }
+    weft_comm_t child = NULL;
+    WT_CHECK_OK(rank, comm, "shrink under attack", weft_comm_shrink(comm, NULL, 0, &child));
+    int32_t x = rank + 1, y = 0;
+    WT_CHECK_OK(rank, child, "allreduce on the child",
+                weft_allreduce(&x, &y, 1, WEFT_INT32, WEFT_SUM, child));
+    int fails = 0;
+    if (y != p * (p + 1) / 2)
+        fails += weft_test_fail(rank, "child allreduce: expected %d, got %d", p * (p + 1) / 2, y);
+    weft_comm_destroy(child);
+    if (rank == 1) {
+        atomic_store(&h.stop, 1);
+        pthread_join(th, NULL);
+        for (int i = 0; i < h.nwatch; i++) {
+            h.bytes += drain(h.watch[i], 0).bytes;
+            close(h.watch[i]);
+        }
+        if (h.auth_ok)
+            fails += weft_test_fail(rank, "%d wrong-secret handshakes succeeded", h.auth_ok);
+        if (h.bytes)
+            fails += weft_test_fail(rank, "stranger sockets received %zu bytes", h.bytes);
+    }
+    return fails ? 1 : 0;
+}
+
+Test(security, strangers_at_shrink_listener, .timeout = 120)
+{
+    setenv("WEFT_TIMEOUT_MS", "30000", 1);
+    quiet_logs();
+    cr_assert_eq(weft_test_run(B_RANKS, 100, shrink_hammered_body, NULL), 0,
+                 "a shrink failed while a stranger hammered its listener (see the rank messages)");
+}
