@@ -24,7 +24,6 @@
 #define HANDSHAKE_MS 10000         /* bound on one connection's handshake */
 #define BS_MAGIC 0x53425746u       /* "WFBS": header of every bootstrap message */
 #define BS_ERROR 0x52454657u       /* "WFER": the root failed; the text follows */
-#define BS_ERROR_MAX 400           /* bytes of error text */
 
 /*
  * Owner: the communicator.  fds[i] (root only) is the authenticated
@@ -157,6 +156,17 @@ static int hexval(char c)
     return -1;
 }
 
+/* c for a message: itself when printable, else \xNN (the variable may
+ * hold anything, and a message must not carry terminal controls). */
+static const char *char_str(char c, char buf[5])
+{
+    if (c >= 0x20 && c < 0x7f)
+        snprintf(buf, 5, "%c", c);
+    else
+        snprintf(buf, 5, "\\x%02x", (unsigned char)c);
+    return buf;
+}
+
 weft_status_t weft_uid_from_hex(const char *hex, weft_unique_id_t *id)
 {
     size_t n = strlen(hex);
@@ -166,10 +176,11 @@ weft_status_t weft_uid_from_hex(const char *hex, weft_unique_id_t *id)
                                 2 * WEFT_UNIQUE_ID_BYTES);
     for (size_t i = 0; i < WEFT_UNIQUE_ID_BYTES; i++) {
         int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+        char a[5], b[5];
         if (hi < 0 || lo < 0)
             return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
-                                    "WEFT_UNIQUE_ID: '%c%c' at offset %zu is not hex", hex[2 * i],
-                                    hex[2 * i + 1], 2 * i);
+                                    "WEFT_UNIQUE_ID: '%s%s' at offset %zu is not hex",
+                                    char_str(hex[2 * i], a), char_str(hex[2 * i + 1], b), 2 * i);
         id->internal[i] = (char)(hi << 4 | lo);
     }
     return WEFT_OK;
@@ -266,35 +277,103 @@ static weft_status_t msg_send(const struct weft_bootstrap *bs, int fd, int peer,
     return st == WEFT_OK ? st : star_error(bs, st, true, peer);
 }
 
+/* ---- checks on what peers send (bootstrap.h) ------------------------------ */
+
+weft_status_t weft_bs_check_header(const uint8_t *hdr, size_t expect, struct weft_bs_hdr *out,
+                                   char *why, size_t whylen)
+{
+    uint32_t magic = get32(hdr), len = get32(hdr + 4);
+    if (magic == BS_ERROR && len <= WEFT_BS_REPORT_MAX) {
+        *out = (struct weft_bs_hdr){.report = true, .len = len};
+        return WEFT_OK;
+    }
+    if (magic != BS_MAGIC || len != expect) {
+        snprintf(why, whylen, "magic %08x, %u bytes, expected %zu", magic, len, expect);
+        return WEFT_ERR_REMOTE;
+    }
+    *out = (struct weft_bs_hdr){.report = false, .len = len};
+    return WEFT_OK;
+}
+
+weft_status_t weft_bs_parse_report(const uint8_t *msg, size_t n, char *text, size_t textlen)
+{
+    size_t k = 0;
+    for (size_t i = 4; i < n && k + 1 < textlen; i++)
+        text[k++] = msg[i] < 32 || msg[i] > 126 ? '?' : (char)msg[i];
+    if (textlen > 0)
+        text[k] = '\0';
+    /* Its status when it is one a bootstrap can end with, else REMOTE. */
+    int32_t code = n >= 4 ? (int32_t)get32(msg) : WEFT_ERR_REMOTE;
+    return code == WEFT_ERR_TIMEOUT || code == WEFT_ERR_INVALID_ARG ? code : WEFT_ERR_REMOTE;
+}
+
+weft_status_t weft_bs_check_hello(const struct weft_auth_hello *h, int nranks, char *why,
+                                  size_t whylen)
+{
+    if (h->kind != WEFT_AUTH_BOOTSTRAP) {
+        snprintf(why, whylen, "not a bootstrap connection (kind %u)", (unsigned)h->kind);
+        return WEFT_ERR_REMOTE;
+    }
+    if (h->nranks != (uint32_t)nranks) {
+        snprintf(why, whylen, "rank %u was started with nranks %u, rank 0 with %d", h->rank,
+                 h->nranks, nranks);
+        return WEFT_ERR_INVALID_ARG;
+    }
+    /* The handshake refuses rank >= nranks already; the table index
+     * depends on it, so say it here too. */
+    if (h->rank >= (uint32_t)nranks) {
+        snprintf(why, whylen, "rank %u of %d ranks is out of range", h->rank, nranks);
+        return WEFT_ERR_REMOTE;
+    }
+    return WEFT_OK;
+}
+
+weft_status_t weft_bs_check_info(const uint8_t *rec, size_t info_len, uint32_t rank, int nranks,
+                                 const int *fds, char *why, size_t whylen)
+{
+    struct weft_bs_hdr h = {0};
+    char bad[96];
+    if (weft_bs_check_header(rec, info_len, &h, bad, sizeof(bad)) != WEFT_OK || h.report) {
+        if (h.report) /* a rank has no business sending the root's reports */
+            snprintf(bad, sizeof(bad), "a failure report of %zu bytes", h.len);
+        snprintf(why, whylen, "rank %u sent a malformed info record (%s)", rank, bad);
+        return WEFT_ERR_REMOTE;
+    }
+    if (rank >= (uint32_t)nranks) {
+        snprintf(why, whylen, "rank %u of %d ranks is out of range", rank, nranks);
+        return WEFT_ERR_REMOTE;
+    }
+    if (rank == 0 || fds[rank] >= 0) {
+        snprintf(why, whylen, "two processes joined as rank %u", rank);
+        return WEFT_ERR_INVALID_ARG;
+    }
+    return WEFT_OK;
+}
+
 /* Receives exactly len bytes of payload; a header that disagrees is an
  * error before any payload byte is read. */
 static weft_status_t msg_recv(const struct weft_bootstrap *bs, int fd, int peer, void *buf,
                               size_t len, uint64_t deadline)
 {
     struct weft_comm *comm = bs->comm;
-    uint8_t hdr[8];
+    uint8_t hdr[WEFT_BS_HDR_LEN];
+    struct weft_bs_hdr h;
+    char why[96];
     weft_status_t st = weft_sock_recv_all(fd, hdr, sizeof(hdr), deadline);
     if (st != WEFT_OK)
         return star_error(bs, st, false, peer);
-    if (get32(hdr) == BS_ERROR && get32(hdr + 4) <= BS_ERROR_MAX) {
+    if (weft_bs_check_header(hdr, len, &h, why, sizeof(why)) != WEFT_OK)
+        return weft_error(comm, WEFT_ERR_REMOTE, "bootstrap: bad message from rank %d (%s)", peer,
+                          why);
+    if (h.report) {
         /* The root gave up (a rank never came, ...): pass on its reason. */
-        uint8_t text[BS_ERROR_MAX + 1];
-        size_t n = get32(hdr + 4);
-        if (n < 4 || weft_sock_recv_all(fd, text, n, deadline) != WEFT_OK)
+        uint8_t msg[WEFT_BS_REPORT_MAX];
+        char text[WEFT_BS_REPORT_MAX];
+        if (h.len < 4 || weft_sock_recv_all(fd, msg, h.len, deadline) != WEFT_OK)
             return weft_error(comm, WEFT_ERR_REMOTE, "rank %d failed the bootstrap", peer);
-        text[n] = '\0';
-        for (size_t i = 4; i < n; i++)
-            if (text[i] < 32 || text[i] > 126)
-                text[i] = '?';
-        /* Its status when it is one a bootstrap can end with, else REMOTE. */
-        int32_t code = (int32_t)get32(text);
-        st = code == WEFT_ERR_TIMEOUT || code == WEFT_ERR_INVALID_ARG ? code : WEFT_ERR_REMOTE;
-        return weft_error(comm, st, "rank %d failed the bootstrap: %s", peer, (char *)text + 4);
+        st = weft_bs_parse_report(msg, h.len, text, sizeof(text));
+        return weft_error(comm, st, "rank %d failed the bootstrap: %s", peer, text);
     }
-    if (get32(hdr) != BS_MAGIC || get32(hdr + 4) != len)
-        return weft_error(comm, WEFT_ERR_REMOTE,
-                          "bootstrap: bad message from rank %d (magic %08x, %u bytes, expected %zu)",
-                          peer, get32(hdr), get32(hdr + 4), len);
     st = weft_sock_recv_all(fd, buf, len, deadline);
     return st == WEFT_OK ? st : star_error(bs, st, false, peer);
 }
@@ -306,7 +385,7 @@ struct pending {
     struct weft_auth_acceptor acc;
     bool authed;
     size_t have;      /* bytes of hdr+info read after the handshake */
-    uint8_t *buf;     /* (8 + info_len) */
+    uint8_t *buf;     /* (WEFT_BS_HDR_LEN + info_len) */
 };
 
 static void pending_drop(struct pending *p, int *npend, int i)
@@ -382,29 +461,33 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
         for (int i = 0; i < npend;) {
             struct pending *p = &pend[i];
             const char *why = NULL;
+            char bad[160];
+            weft_status_t chk;
             if (!p->authed) {
                 weft_status_t a = weft_auth_accept_step(&p->acc, uid->secret, uid->job, &why);
                 if (a == WEFT_INPROGRESS) {
                     i++;
                     continue;
                 }
-                if (a != WEFT_OK || p->acc.hello.kind != WEFT_AUTH_BOOTSTRAP) {
+                chk = a == WEFT_OK
+                          ? weft_bs_check_hello(&p->acc.hello, bs->nranks, bad, sizeof(bad))
+                          : WEFT_ERR_REMOTE;
+                if (chk == WEFT_ERR_REMOTE) {
                     WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: dropped a connection: %s",
-                              why ? why : "not a bootstrap connection");
+                              a == WEFT_OK ? bad : why ? why : "handshake failed");
                     pending_drop(pend, &npend, i);
                     continue;
                 }
-                if (p->acc.hello.nranks != (uint32_t)bs->nranks) {
-                    st = weft_error(comm, WEFT_ERR_INVALID_ARG,
-                                    "bootstrap: rank %u was started with nranks %u, rank 0 with %d",
-                                    p->acc.hello.rank, p->acc.hello.nranks, bs->nranks);
+                if (chk != WEFT_OK) {
+                    st = weft_error(comm, chk, "bootstrap: %s", bad);
                     goto out;
                 }
                 p->authed = true;
                 p->have = 0;
                 p->acc.deadline_ns = weft_now_ns() + (uint64_t)HANDSHAKE_MS * 1000000;
             }
-            ssize_t n = recv(p->acc.fd, p->buf + p->have, 8 + info_len - p->have, MSG_DONTWAIT);
+            ssize_t n = recv(p->acc.fd, p->buf + p->have, WEFT_BS_HDR_LEN + info_len - p->have,
+                             MSG_DONTWAIT);
             if (n > 0)
                 p->have += (size_t)n;
             bool stale = weft_now_ns() > p->acc.deadline_ns;
@@ -414,19 +497,19 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
                 pending_drop(pend, &npend, i);
                 continue;
             }
-            if (p->have < 8 + info_len) {
+            if (p->have < WEFT_BS_HDR_LEN + info_len) {
                 i++;
                 continue;
             }
             uint32_t r = p->acc.hello.rank;
-            if (get32(p->buf) != BS_MAGIC || get32(p->buf + 4) != info_len) {
-                WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: rank %u sent a malformed info record", r);
+            chk = weft_bs_check_info(p->buf, info_len, r, bs->nranks, bs->fds, bad, sizeof(bad));
+            if (chk == WEFT_ERR_REMOTE) {
+                WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: %s", bad);
                 pending_drop(pend, &npend, i);
                 continue;
             }
-            if (r == 0 || bs->fds[r] >= 0) {
-                st = weft_error(comm, WEFT_ERR_INVALID_ARG,
-                                "bootstrap: two processes joined as rank %u", r);
+            if (chk != WEFT_OK) {
+                st = weft_error(comm, chk, "bootstrap: %s", bad);
                 goto out;
             }
             memcpy((char *)all + (size_t)r * info_len, p->buf + 8, info_len);
@@ -447,7 +530,7 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
                 }
                 struct pending *p = &pend[npend];
                 memset(p, 0, sizeof(*p));
-                p->buf = malloc(8 + info_len);
+                p->buf = malloc(WEFT_BS_HDR_LEN + info_len);
                 if (p->buf == NULL) {
                     close(fd);
                     st = weft_error(comm, WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
@@ -472,7 +555,7 @@ out:
         put32((uint8_t *)text, (uint32_t)st);
         weft_comm_last_error_copy(comm, text + 4, sizeof(text) - 4);
         uint8_t hdr[8];
-        size_t n = WEFT_MIN(4 + strlen(text + 4), (size_t)BS_ERROR_MAX);
+        size_t n = WEFT_MIN(4 + strlen(text + 4), (size_t)WEFT_BS_REPORT_MAX);
         put32(hdr, BS_ERROR);
         put32(hdr + 4, (uint32_t)n);
         uint64_t soon = weft_now_ns() + 1000000000ull;

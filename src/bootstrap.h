@@ -45,6 +45,40 @@ int weft_uid_take_listener(uint64_t job) WEFT_HIDDEN;
  * held listener is closed when the table is full). */
 void weft_uid_hold_listener(uint64_t job, int fd) WEFT_HIDDEN;
 
+/* ---- checks on bytes from the network --------------------------------------
+ * Pure functions split from the socket code, so that the fuzz targets
+ * (tests/fuzz) and their regression test run exactly what the bootstrap
+ * runs.  On refusal each writes the reason (no "bootstrap:" prefix) into
+ * why, NUL-terminated within whylen bytes. */
+#define WEFT_BS_HDR_LEN 8        /* u32 magic, u32 payload bytes */
+#define WEFT_BS_REPORT_MAX 400   /* payload bytes of a root's failure report */
+
+/* What a message header announces. */
+struct weft_bs_hdr {
+    bool report; /* the root gave up: its failure report follows, not data */
+    size_t len;  /* payload bytes that follow (<= WEFT_BS_REPORT_MAX for a report) */
+};
+/* The header (WEFT_BS_HDR_LEN bytes) of a message expected to carry expect
+ * bytes: WEFT_OK and *out, or WEFT_ERR_REMOTE for anything else. */
+weft_status_t weft_bs_check_header(const uint8_t *hdr, size_t expect, struct weft_bs_hdr *out,
+                                   char *why, size_t whylen) WEFT_HIDDEN;
+/* A root's failure report (n bytes: i32 status, then text): returns the
+ * status the bootstrap ends with (TIMEOUT or INVALID_ARG as sent, else
+ * REMOTE) and writes the text, non-printable bytes as '?', into text. */
+weft_status_t weft_bs_parse_report(const uint8_t *msg, size_t n, char *text, size_t textlen)
+    WEFT_HIDDEN;
+/* Root, after a handshake: may this hello join a bootstrap of nranks?
+ * WEFT_ERR_REMOTE: not a bootstrap connection, drop it; WEFT_ERR_INVALID_ARG:
+ * a rank of this job started with another nranks, the job cannot go on. */
+weft_status_t weft_bs_check_hello(const struct weft_auth_hello *h, int nranks, char *why,
+                                  size_t whylen) WEFT_HIDDEN;
+/* Root: the info record (WEFT_BS_HDR_LEN + info_len bytes) of authenticated
+ * rank, given fds[r] >= 0 for the ranks that joined already (fds[0] is the
+ * root).  WEFT_ERR_REMOTE: malformed, drop it; WEFT_ERR_INVALID_ARG: a second
+ * process for one rank. */
+weft_status_t weft_bs_check_info(const uint8_t *rec, size_t info_len, uint32_t rank, int nranks,
+                                 const int *fds, char *why, size_t whylen) WEFT_HIDDEN;
+
 struct weft_bootstrap;
 /* Rendezvous: every rank contributes info_len bytes and gets all ranks'
  * (all: nranks * info_len, rank order).  Bounded by deadline_ns; a rank

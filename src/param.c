@@ -4,6 +4,7 @@
  * time anyone asks.  `weft-info --params` and the README print this table.
  */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,18 +85,23 @@ bool weft_parse_mask(const char *spec, const char *const *names, size_t n, unsig
         return true;
     bool exclude = spec[0] == '^';
     unsigned named = 0;
-    char buf[256];
-    snprintf(buf, sizeof(buf), "%s", spec + exclude);
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        size_t i = 0;
-        while (i < n && strcasecmp(tok, names[i]) != 0)
-            i++;
-        if (i == n) {
-            snprintf(bad, badlen, "%s", tok);
-            return false;
+    /* Entries are read in place: a copy into a fixed buffer once dropped
+     * whatever came after its end, unknown names included. */
+    for (const char *tok = spec + exclude;; tok++) {
+        size_t len = strcspn(tok, ",");
+        if (len > 0) {
+            size_t i = 0;
+            while (i < n && !(strncasecmp(tok, names[i], len) == 0 && names[i][len] == '\0'))
+                i++;
+            if (i == n) {
+                snprintf(bad, badlen, "%.*s", (int)WEFT_MIN(len, (size_t)INT_MAX), tok);
+                return false;
+            }
+            named |= 1u << i;
         }
-        named |= 1u << i;
+        tok += len;
+        if (*tok == '\0')
+            break;
     }
     *mask = exclude ? all & ~named : named;
     return true;

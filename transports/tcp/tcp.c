@@ -254,30 +254,43 @@ static uint32_t get_le32(const uint8_t *p)
     return le32toh(v);
 }
 
+weft_status_t tcp_frame_parse(const struct tcp_stream *st, const uint8_t *hdr, uint64_t seq,
+                              size_t posted, size_t *len, char *why, size_t whylen)
+{
+    const struct tcp_conn *c = st->conn;
+    uint32_t magic = get_le32(hdr), reserved = get_le32(hdr + 4);
+    uint64_t hseq = get_le64(hdr + 8), hlen = get_le64(hdr + 16);
+    if (magic != TCP_MAGIC || reserved != 0 || hseq != seq) {
+        snprintf(why, whylen,
+                 "rank %d: bad frame from rank %d on stream %d (seq %llu, expected %llu; "
+                 "magic 0x%08x, reserved %u) from %s",
+                 c->ctx->rank, c->peer, st->index, (unsigned long long)hseq,
+                 (unsigned long long)seq, magic, reserved, c->addrstr);
+        return WEFT_ERR_REMOTE;
+    }
+    if (hlen > posted) {
+        snprintf(why, whylen,
+                 "rank %d: rank %d sent %llu bytes but the receive posted holds %zu "
+                 "(stream %d, message %llu)",
+                 c->ctx->rank, c->peer, (unsigned long long)hlen, posted, st->index,
+                 (unsigned long long)seq);
+        return WEFT_ERR_REMOTE;
+    }
+    *len = (size_t)hlen;
+    return WEFT_OK;
+}
+
 /* Checks the header in st->rhdr against the receive r, before a byte of
  * payload lands anywhere.  False: conn has been failed. */
 static bool frame_check(struct tcp_stream *st, struct tcp_req *r)
 {
-    struct tcp_conn *c = st->conn;
-    uint32_t magic = get_le32(st->rhdr), reserved = get_le32(st->rhdr + 4);
-    uint64_t seq = get_le64(st->rhdr + 8), len = get_le64(st->rhdr + 16);
-    if (magic != TCP_MAGIC || reserved != 0 || seq != r->seq) {
-        tcp_conn_fail(c, WEFT_ERR_REMOTE,
-                      "rank %d: bad frame from rank %d on stream %d (seq %llu, expected %llu; "
-                      "magic 0x%08x, reserved %u) from %s",
-                      c->ctx->rank, c->peer, st->index, (unsigned long long)seq,
-                      (unsigned long long)r->seq, magic, reserved, c->addrstr);
+    char why[TCP_ERRMSG_LEN];
+    size_t len;
+    if (tcp_frame_parse(st, st->rhdr, r->seq, r->len, &len, why, sizeof(why)) != WEFT_OK) {
+        tcp_conn_fail(st->conn, WEFT_ERR_REMOTE, "%s", why);
         return false;
     }
-    if (len > r->len) {
-        tcp_conn_fail(c, WEFT_ERR_REMOTE,
-                      "rank %d: rank %d sent %llu bytes but the receive posted holds %zu "
-                      "(stream %d, message %llu)",
-                      c->ctx->rank, c->peer, (unsigned long long)len, r->len, st->index,
-                      (unsigned long long)r->seq);
-        return false;
-    }
-    r->msglen = (size_t)len;
+    r->msglen = len;
     r->hdr_ok = true;
     st->rhave = 0;
     return true;

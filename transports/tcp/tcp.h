@@ -145,6 +145,27 @@ void tcp_conn_fail(struct tcp_conn *c, weft_status_t status, const char *fmt, ..
 /* conns[peer], created (every stream IDLE) on first use; NULL without memory. */
 struct tcp_conn *tcp_conn_get(struct tcp_ctx *ctx, int peer) WEFT_HIDDEN;
 
+/* ---- checks on bytes from peers ------------------------------------------ */
+/* Pure, so that the fuzz targets (tests/fuzz) run exactly what the
+ * transport runs.  On refusal each writes the whole message for the error
+ * record into why, NUL-terminated within whylen bytes. */
+
+/* (tcp.c) The frame header hdr (TCP_HDR_LEN bytes from the peer) for the
+ * receive of message seq into posted bytes on st: WEFT_OK and the payload
+ * bytes in *len (<= posted), or WEFT_ERR_REMOTE. */
+weft_status_t tcp_frame_parse(const struct tcp_stream *st, const uint8_t *hdr, uint64_t seq,
+                              size_t posted, size_t *len, char *why, size_t whylen) WEFT_HIDDEN;
+/* (tcp_setup.c) The hello of an authenticated socket on ctx's listener:
+ * WEFT_OK when its kind, job size, rank and stream index may make it a
+ * receive stream of ctx, else WEFT_ERR_REMOTE (whether that stream is free
+ * is pending_install's business). */
+weft_status_t tcp_hello_check(const struct tcp_ctx *ctx, const struct weft_auth_hello *h,
+                              char *why, size_t whylen) WEFT_HIDDEN;
+/* (tcp_setup.c) The address peer published in the rank table (addrlen
+ * bytes): WEFT_OK and *out, or WEFT_ERR_INVALID_ARG. */
+weft_status_t tcp_addr_parse(const struct tcp_ctx *ctx, int peer, const void *addr, size_t addrlen,
+                             union weft_sockaddr *out, char *why, size_t whylen) WEFT_HIDDEN;
+
 /* ---- tcp_setup.c: connection setup ---------------------------------------- */
 
 /* Starts every send stream of c connecting; the handshakes finish in

@@ -103,23 +103,31 @@ static void pending_drop(struct tcp_ctx *ctx, struct tcp_pending *p, const char 
     ctx->npending--;
 }
 
+weft_status_t tcp_hello_check(const struct tcp_ctx *ctx, const struct weft_auth_hello *h,
+                              char *why, size_t whylen)
+{
+    if (h->kind != WEFT_AUTH_DATA)
+        snprintf(why, whylen, "not a data connection (kind %u)", (unsigned)h->kind);
+    else if (h->nranks != (uint32_t)ctx->nranks)
+        snprintf(why, whylen, "it believes the job has %u ranks, not %d", (unsigned)h->nranks,
+                 ctx->nranks);
+    else if (h->rank >= (uint32_t)ctx->nranks || h->rank == (uint32_t)ctx->rank)
+        snprintf(why, whylen, "it claims rank %u", (unsigned)h->rank);
+    else if (h->index >= (uint32_t)ctx->nstreams)
+        snprintf(why, whylen, "stream %u, but WEFT_SOCKET_NSTREAMS is %d", (unsigned)h->index,
+                 ctx->nstreams);
+    else
+        return WEFT_OK;
+    return WEFT_ERR_REMOTE;
+}
+
 /* An authenticated socket: becomes receive stream hello.index from
  * hello.rank if that slot is legitimately free. */
 static void pending_install(struct tcp_ctx *ctx, struct tcp_pending *p)
 {
     const struct weft_auth_hello *h = &p->acc.hello;
     char why[128];
-    if (h->kind != WEFT_AUTH_DATA) {
-        snprintf(why, sizeof(why), "not a data connection (kind %u)", (unsigned)h->kind);
-    } else if (h->nranks != (uint32_t)ctx->nranks) {
-        snprintf(why, sizeof(why), "it believes the job has %u ranks, not %d",
-                 (unsigned)h->nranks, ctx->nranks);
-    } else if (h->rank >= (uint32_t)ctx->nranks || h->rank == (uint32_t)ctx->rank) {
-        snprintf(why, sizeof(why), "it claims rank %u", (unsigned)h->rank);
-    } else if (h->index >= (uint32_t)ctx->nstreams) {
-        snprintf(why, sizeof(why), "stream %u, but WEFT_SOCKET_NSTREAMS is %d",
-                 (unsigned)h->index, ctx->nstreams);
-    } else {
+    if (tcp_hello_check(ctx, h, why, sizeof(why)) == WEFT_OK) {
         struct tcp_conn *c = tcp_conn_get(ctx, (int)h->rank);
         struct tcp_stream *st = c ? &c->recv[h->index] : NULL;
         if (c == NULL)
@@ -285,6 +293,23 @@ fail:
     return st;
 }
 
+weft_status_t tcp_addr_parse(const struct tcp_ctx *ctx, int peer, const void *addr, size_t addrlen,
+                             union weft_sockaddr *out, char *why, size_t whylen)
+{
+    if (addrlen != sizeof(*out)) {
+        snprintf(why, whylen, "rank %d: tcp address of rank %d has %zu bytes, expected %zu",
+                 ctx->rank, peer, addrlen, sizeof(*out));
+        return WEFT_ERR_INVALID_ARG;
+    }
+    memcpy(out, addr, sizeof(*out));
+    if (out->sa.sa_family != AF_INET && out->sa.sa_family != AF_INET6) {
+        snprintf(why, whylen, "rank %d: tcp address of rank %d has address family %d", ctx->rank,
+                 peer, (int)out->sa.sa_family);
+        return WEFT_ERR_INVALID_ARG;
+    }
+    return WEFT_OK;
+}
+
 weft_status_t tcp_connect(void *vctx, int peer, const void *addr, size_t addrlen,
                           void **vconn)
 {
@@ -297,15 +322,9 @@ weft_status_t tcp_connect(void *vctx, int peer, const void *addr, size_t addrlen
                                 "rank %d: tcp connect to rank %d: not a peer in 0..%d", ctx->rank,
                                 peer, ctx->nranks - 1);
     union weft_sockaddr a;
-    if (addrlen != sizeof(a))
-        return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
-                                "rank %d: tcp address of rank %d has %zu bytes, expected %zu",
-                                ctx->rank, peer, addrlen, sizeof(a));
-    memcpy(&a, addr, sizeof(a));
-    if (a.sa.sa_family != AF_INET && a.sa.sa_family != AF_INET6)
-        return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
-                                "rank %d: tcp address of rank %d has address family %d",
-                                ctx->rank, peer, (int)a.sa.sa_family);
+    char why[160];
+    if (tcp_addr_parse(ctx, peer, addr, addrlen, &a, why, sizeof(why)) != WEFT_OK)
+        return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG, "%s", why);
     struct tcp_conn *c = tcp_conn_get(ctx, peer);
     if (c == NULL)
         return weft_error(ctx->comm, WEFT_ERR_NO_MEMORY, "rank %d: no memory for a connection",
