@@ -593,6 +593,12 @@ weft_status_t weft_bootstrap_init(struct weft_comm *comm, const struct weft_uid 
             WEFT_CHECK_GOTO(root_listener(uid, &bound, &lfd), st, fail);
             WEFT_INFO(WEFT_SUB_BOOT, "bootstrap: root listening on %s for %d ranks",
                       weft_sock_str(&bound, addr, sizeof(addr)), nranks);
+        } else {
+            /* Alone, nobody joins: the listener weft_get_unique_id or a
+             * split's leader holds for this id would otherwise stay open. */
+            int held = weft_uid_take_listener(uid->job);
+            if (held >= 0)
+                close(held);
         }
         st = root_gather(bs, uid, lfd, info, info_len, all, deadline);
         if (lfd >= 0)

@@ -355,7 +355,10 @@ weft_status_t weft_engine_scratch_acquire(struct weft_engine *eng, struct weft_o
         else if (sc->p && !small)
             small = sc;
     }
-    struct scratch *sc = empty ? empty : small;
+    /* Grow a free buffer before taking an empty slot: otherwise every new
+     * largest size would keep one more buffer, up to MAX_ACTIVE of them,
+     * while ops that run one at a time only ever need one. */
+    struct scratch *sc = small ? small : empty;
     if (sc == NULL)
         return weft_error(eng->comm, WEFT_ERR_INTERNAL, "no free scratch buffer");
     weft_buf_free(sc->p, sc->bytes);
