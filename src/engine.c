@@ -122,16 +122,34 @@ static weft_status_t start_op(struct weft_engine *eng, struct weft_op *op)
     return WEFT_OK;
 }
 
-/* buf = src op got (got op src with RECV_FIRST); the FINAL step of an AVG
- * divides. */
+/* Elements [first, first + n) of the step: buf = src op got (got op src
+ * with RECV_FIRST); the FINAL step of an AVG divides. */
 static void combine(struct weft_engine *eng, struct weft_op *op, const struct weft_step *s,
-                    const char *got)
+                    size_t first, size_t n, const char *got)
 {
     int divisor = (s->flags & WEFT_STEP_FINAL) && op->a.op == WEFT_AVG ? eng->comm->nranks : 0;
-    const char *mine = step_ptr(op, s->src_buf, s->src_off);
+    const char *mine = step_ptr(op, s->src_buf, s->src_off + first);
     bool swap = s->flags & WEFT_STEP_RECV_FIRST;
-    weft_reduce_local(step_ptr(op, s->buf, s->off), swap ? got : mine, swap ? mine : got, s->count,
-                      op->a.dtype, op->a.op, divisor);
+    weft_reduce_local(step_ptr(op, s->buf, s->off + first), swap ? got : mine, swap ? mine : got,
+                      n, op->a.dtype, op->a.op, divisor);
+}
+
+/* irecv_take's offer of a chunk of a RECV_REDUCE: combined from the
+ * transport's memory when the step's inputs are final, else staged. */
+static bool take_chunk(void *arg, size_t off, const void *data, size_t len)
+{
+    struct weft_rr *rr = arg;
+    struct weft_op *op = rr->op;
+    const struct weft_step *s = &op->s->steps[rr->step];
+    size_t es = op->esize;
+    /* Once one chunk is taken the inputs stay final, so the staged bytes
+     * are a prefix; every chunk but the last is a multiple of 8 bytes. */
+    if (rr->staged > off || off % es || len % es || !deps_done(op, s)) {
+        rr->staged = off + len;
+        return false;
+    }
+    combine(rr->eng, op, s, off / es, len / es, data);
+    return true;
 }
 
 static weft_status_t selfq_push(struct weft_engine *eng, struct weft_op *op, uint32_t i)
@@ -175,7 +193,7 @@ static weft_status_t post_self(struct weft_engine *eng, struct weft_op *op, uint
                           eng->comm->rank, sent, bytes);
     const char *src = step_ptr(snd.op, ss->buf, ss->off);
     if (s->kind == WEFT_STEP_RECV_REDUCE)
-        combine(eng, op, s, src);
+        combine(eng, op, s, 0, s->count, src);
     else
         memcpy(step_ptr(op, s->buf, s->off), src, bytes);
     snd.op->st[snd.step] = ST_DONE;
@@ -257,9 +275,15 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
                 break;
             case WEFT_STEP_RECV_REDUCE: {
                 int32_t slot = eng->free_slots[--eng->nfree_slots];
-                op->slot[i] = slot;
-                st = t->irecv(conn, eng->staging + (size_t)slot * eng->chunk_bytes, bytes, NULL,
-                              &op->treq[i]);
+                struct weft_rr *rr = &op->rr[i];
+                *rr = (struct weft_rr){eng, op, (uint32_t)i, slot, bytes};
+                char *stage = eng->staging + (size_t)slot * eng->chunk_bytes;
+                if (t->irecv_take) {
+                    rr->staged = 0;
+                    st = t->irecv_take(conn, stage, bytes, take_chunk, rr, &op->treq[i]);
+                } else {
+                    st = t->irecv(conn, stage, bytes, NULL, &op->treq[i]);
+                }
                 if (st != WEFT_OK)
                     eng->free_slots[eng->nfree_slots++] = slot;
                 break;
@@ -292,9 +316,11 @@ static const char *coll_label(const struct weft_op *op, char *buf, size_t len)
 static void reduce_landed(struct weft_engine *eng, struct weft_op *op, const struct weft_step *s,
                           uint32_t i)
 {
-    int32_t slot = op->slot[i];
-    combine(eng, op, s, eng->staging + (size_t)slot * eng->chunk_bytes);
-    eng->free_slots[eng->nfree_slots++] = slot;
+    struct weft_rr *rr = &op->rr[i];
+    size_t n = WEFT_MIN(rr->staged, s->count * op->esize) / op->esize;
+    if (n > 0)
+        combine(eng, op, s, 0, n, eng->staging + (size_t)rr->slot * eng->chunk_bytes);
+    eng->free_slots[eng->nfree_slots++] = rr->slot;
     op->st[i] = ST_DONE;
     op->ndone++;
 }
@@ -323,7 +349,7 @@ static weft_status_t complete_posted(struct weft_engine *eng, struct weft_op *op
             char label[160], why[WEFT_ERRMSG_LEN];
             op->st[i] = ST_DONE; /* the transport freed the request */
             if (s->kind == WEFT_STEP_RECV_REDUCE)
-                eng->free_slots[eng->nfree_slots++] = op->slot[i];
+                eng->free_slots[eng->nfree_slots++] = op->rr[i].slot;
             op->posted[k] = op->posted[--op->nposted];
             return weft_error(comm, st, "rank %d: %s failed while %s rank %d: %s", comm->rank,
                               coll_label(op, label, sizeof(label)),
@@ -338,7 +364,7 @@ static weft_status_t complete_posted(struct weft_engine *eng, struct weft_op *op
         if (s->kind != WEFT_STEP_SEND && got != bytes) {
             char label[160];
             if (s->kind == WEFT_STEP_RECV_REDUCE)
-                eng->free_slots[eng->nfree_slots++] = op->slot[i];
+                eng->free_slots[eng->nfree_slots++] = op->rr[i].slot;
             op->st[i] = ST_DONE;
             op->posted[k] = op->posted[--op->nposted];
             return weft_error(comm, WEFT_ERR_REMOTE,

@@ -53,6 +53,17 @@ struct scratch {
  * from submit until the waiter frees it through wait/test.  Per-step arrays
  * have room for cap steps and are reused when the op is recycled.
  */
+/* A RECV_REDUCE's staging slot.  Over a transport with irecv_take the
+ * chunks are combined straight out of its memory once the step's inputs
+ * are final; those offered earlier go to the slot: [0, staged) is there. */
+struct weft_rr {
+    struct weft_engine *eng;
+    struct weft_op *op;
+    uint32_t step;
+    int32_t slot;
+    size_t staged;
+};
+
 struct weft_op {
     struct weft_op *next;        /* queue, active list or free list */
     struct weft_comm *comm;
@@ -64,7 +75,7 @@ struct weft_op {
     size_t cap;
     uint8_t *st;                 /* (cap) step state */
     void **treq;                 /* (cap) transport request */
-    int32_t *slot;               /* (cap) staging slot of a RECV_REDUCE */
+    struct weft_rr *rr;          /* (cap) a RECV_REDUCE's staging */
     uint32_t *posted;            /* (cap) indices of posted steps */
     size_t nposted, first_pending, ndone;
     struct scratch *scratch;

@@ -85,7 +85,7 @@ static void op_release(struct weft_op *op)
     free(op->fps);
     free(op->st);
     free(op->treq);
-    free(op->slot);
+    free(op->rr);
     free(op->posted);
     weft_sched_free(&op->own);
     free(op);
@@ -179,13 +179,13 @@ static weft_status_t op_reserve(struct weft_op *op, size_t n)
     void **treq = realloc(op->treq, cap * sizeof(void *));
     if (treq)
         op->treq = treq;
-    int32_t *slot = realloc(op->slot, cap * sizeof(int32_t));
-    if (slot)
-        op->slot = slot;
+    struct weft_rr *rr = realloc(op->rr, cap * sizeof(*rr));
+    if (rr)
+        op->rr = rr;
     uint32_t *posted = realloc(op->posted, cap * sizeof(uint32_t));
     if (posted)
         op->posted = posted;
-    if (!st || !treq || !slot || !posted)
+    if (!st || !treq || !rr || !posted)
         return weft_error(op->comm, WEFT_ERR_NO_MEMORY, "cannot allocate state for %zu steps", n);
     op->cap = cap;
     return WEFT_OK;

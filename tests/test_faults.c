@@ -4,10 +4,12 @@
  * middle of a collective loop, or while every rank is idle, over tcp and
  * over shm.  Every surviving rank must end with WEFT_ERR_REMOTE or
  * WEFT_ERR_TIMEOUT, a message naming a rank, within WEFT_TIMEOUT_MS + 2 s
- * of the fault, and no rank may hang.  Each case prints one line per
+ * of the fault, no rank may hang, and nothing of the job may stay in
+ * /dev/shm.  Each case prints one line per
  * survivor ("fault ...: rank R REMOTE after N ms") for the record.
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -276,6 +278,15 @@ static void run_case(enum fault f, enum phase p, const char *transport)
         cr_expect(ms < TIMEOUT_MS + 2000, "rank %d took %.0f ms to see the %s", r, ms,
                   fault_name[f]);
     }
+    /* Nothing of the job may stay in /dev/shm, whoever died when. */
+    char prefix[64];
+    snprintf(prefix, sizeof(prefix), "weft-%016llx-", (unsigned long long)job.uid.job);
+    DIR *d = opendir("/dev/shm");
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+        cr_expect(strncmp(e->d_name, prefix, strlen(prefix)) != 0, "/dev/shm/%s was left behind",
+                  e->d_name);
+    if (d)
+        closedir(d);
     fflush(stdout);
     munmap(B, sizeof(*B));
 }

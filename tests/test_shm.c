@@ -455,6 +455,90 @@ Test(shm, long_message_into_short_receive_cma, .timeout = 30)
     run_long_into_short(4 * MIB, "64K");
 }
 
+/* ---- receives consumed in place (irecv_take) --------------------------------------------- */
+
+/* The taker refuses the first `refuse` chunks (the transport must copy
+ * them to the buffer) and copies the rest itself into `taken`: offsets come
+ * in order, without gaps, and nothing taken reaches the buffer. */
+struct taker {
+    uint8_t *taken;
+    size_t total, next, refuse, offers, from_buf;
+    const uint8_t *buf;
+    bool bad;
+};
+
+static bool take(void *arg, size_t off, const void *data, size_t len)
+{
+    struct taker *t = arg;
+    if (data == t->buf + off) { /* placed by the transport (CMA): already there */
+        t->from_buf += len;
+        t->next = off + len;
+        return false;
+    }
+    t->bad |= off != t->next || (off + len < t->total && len % 8 != 0);
+    t->next = off + len;
+    if (t->offers++ < t->refuse)
+        return false;
+    memcpy(t->taken + off, data, len);
+    return true;
+}
+
+static size_t g_take_len;
+static bool g_take_cma; /* the message must come by CMA */
+
+static int sc_take(struct rank_env *e)
+{
+    barrier_ready(e);
+    warm_up(e, 1 - e->rank);
+    size_t n = g_take_len;
+    uint8_t *buf = calloc(1, n), *taken = calloc(1, n);
+    CHECK(buf && taken);
+    if (e->rank == 1) {
+        fill(buf, n, 77);
+        send_ok(e, 0, buf, n);
+        recv_ok(e, 0, buf, 1); /* hold the mapping until rank 0 is done */
+        return 0;
+    }
+    struct taker t = {.taken = taken, .total = n, .refuse = 2, .buf = buf};
+    void *r = NULL;
+    CHECK(T->irecv_take(e->conn[1], buf, n, take, &t, &r) == WEFT_OK);
+    size_t got = 0;
+    CHECK(wait_req(e, r, &got, 20000) == WEFT_OK);
+    CHECKF(got == n && !t.bad && t.next == n, "got %zu of %zu, offers in order: %d", got, n, !t.bad);
+    uint8_t *want = malloc(n);
+    fill(want, n, 77);
+    CHECKF((t.from_buf == n) == g_take_cma, "%zu bytes offered from the buffer", t.from_buf);
+    if (t.from_buf == n) { /* pulled by CMA into buf, offered from there */
+        CHECK(memcmp(buf, want, n) == 0);
+    } else {
+        size_t cut = WEFT_MIN(n, 2 * (size_t)SLOT); /* the two refused chunks */
+        CHECKF(memcmp(buf, want, cut) == 0, "refused chunks not in the buffer");
+        CHECKF(memcmp(taken + cut, want + cut, n - cut) == 0, "taken chunks differ");
+        for (size_t i = cut; i < n; i++)
+            CHECKF(buf[i] == 0, "byte %zu of a taken chunk reached the buffer", i);
+    }
+    send_ok(e, 1, buf, 1);
+    free(want);
+    free(buf);
+    free(taken);
+    return 0;
+}
+
+Test(shm, irecv_take_refused_then_taken, .timeout = 60)
+{
+    setenv("WEFT_SHM_CMA_MIN", "0", 1);
+    g_take_len = 5 * SLOT + 24;
+    run_shm(2, sc_take);
+}
+
+Test(shm, irecv_take_offers_cma_pulls_from_the_buffer, .timeout = 60)
+{
+    setenv("WEFT_SHM_CMA_MIN", "64K", 1);
+    g_take_len = 1 * MIB + 8;
+    g_take_cma = true;
+    run_shm(2, sc_take);
+}
+
 /* ---- dead peers ------------------------------------------------------------------------- */
 
 /* Rank 1 is killed half-way through a 64 MiB message to rank 0 (it filled

@@ -34,6 +34,8 @@ struct weft_transport_init {
  * A failed connection fails every request on it with WEFT_ERR_REMOTE (the
  * message names the peer); other peers carry on.
  */
+typedef bool (*weft_take_fn)(void *arg, size_t off, const void *data, size_t len);
+
 struct weft_transport_ops {
     const char *name;
     /* Opens the transport for one rank: starts listening, writes the
@@ -52,6 +54,15 @@ struct weft_transport_ops {
     weft_status_t (*dereg_mem)(void *ctx, void *mh);
     weft_status_t (*isend)(void *conn, const void *buf, size_t bytes, void *mh, void **req);
     weft_status_t (*irecv)(void *conn, void *buf, size_t bytes, void *mh, void **req);
+    /* Optional (shm): a receive whose bytes the caller may consume straight
+     * out of the transport's memory.  Each chunk, in order, is offered as
+     * take(arg, off, data, len): true means the caller consumed it; false
+     * makes the transport copy it to buf + off as irecv would.  Bytes the
+     * transport had to place in buf itself are offered with data = buf +
+     * off (the caller may consume them from there).  Chunks other than the
+     * last are multiples of 8 bytes.  take runs inside progress. */
+    weft_status_t (*irecv_take)(void *conn, void *buf, size_t bytes, weft_take_fn take,
+                                void *arg, void **req);
     /* *done = 1: the request is finished and freed; *bytes holds the length
      * moved.  An error return also frees the request. */
     weft_status_t (*test)(void *req, int *done, size_t *bytes);

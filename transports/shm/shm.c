@@ -366,6 +366,8 @@ static bool conn_recv(struct shm_conn *c)
                 return true;
             }
             r->done = (size_t)msglen;
+            if (r->take)
+                r->take(r->take_arg, 0, r->buf, (size_t)msglen);
             ctx->stats.cma_pulls++;
             slot_release(c, s, tail);
         } else {
@@ -378,8 +380,9 @@ static bool conn_recv(struct shm_conn *c)
                               (unsigned long long)msglen);
                 return true;
             }
-            if (len > 0)
-                memcpy(r->buf + off, c->rx_data + (tail % n) * ctx->slot_bytes, (size_t)len);
+            const char *data = c->rx_data + (tail % n) * ctx->slot_bytes;
+            if (len > 0 && !(r->take && r->take(r->take_arg, (size_t)off, data, (size_t)len)))
+                memcpy(r->buf + off, data, (size_t)len);
             r->done += (size_t)len;
             slot_release(c, s, tail);
         }
@@ -581,7 +584,7 @@ static void shm_abort(void *vctx, weft_status_t status, const char *why)
 /* ---- posting and testing -------------------------------------------------- */
 
 static weft_status_t shm_post(struct shm_conn *c, bool is_send, void *buf, size_t bytes,
-                              void **vreq)
+                              weft_take_fn take, void *take_arg, void **vreq)
 {
     struct shm_ctx *ctx = c->ctx;
     struct shm_req *r = req_get(ctx);
@@ -590,6 +593,8 @@ static weft_status_t shm_post(struct shm_conn *c, bool is_send, void *buf, size_
                           ctx->rank);
     r->conn = c;
     r->buf = buf;
+    r->take = take;
+    r->take_arg = take_arg;
     r->len = r->msglen = bytes;
     *vreq = r;
     if (c->err != WEFT_OK) {
@@ -621,7 +626,7 @@ static weft_status_t shm_isend(void *conn, const void *buf, size_t bytes, void *
     if (c == NULL || req == NULL || (buf == NULL && bytes > 0))
         return weft_error_quiet(c ? c->ctx->comm : NULL, WEFT_ERR_INVALID_ARG,
                                 "shm isend: NULL %s", c == NULL ? "connection" : "argument");
-    return shm_post(c, true, (void *)(uintptr_t)buf, bytes, req);
+    return shm_post(c, true, (void *)(uintptr_t)buf, bytes, NULL, NULL, req);
 }
 
 static weft_status_t shm_irecv(void *conn, void *buf, size_t bytes, void *mh, void **req)
@@ -630,7 +635,17 @@ static weft_status_t shm_irecv(void *conn, void *buf, size_t bytes, void *mh, vo
     if (c == NULL || req == NULL || (buf == NULL && bytes > 0))
         return weft_error_quiet(c ? c->ctx->comm : NULL, WEFT_ERR_INVALID_ARG,
                                 "shm irecv: NULL %s", c == NULL ? "connection" : "argument");
-    return shm_post(c, false, buf, bytes, req);
+    return shm_post(c, false, buf, bytes, NULL, NULL, req);
+}
+
+static weft_status_t shm_irecv_take(void *conn, void *buf, size_t bytes, weft_take_fn take,
+                                    void *arg, void **req)
+{
+    struct shm_conn *c = conn;
+    if (c == NULL || req == NULL || take == NULL || (buf == NULL && bytes > 0))
+        return weft_error_quiet(c ? c->ctx->comm : NULL, WEFT_ERR_INVALID_ARG,
+                                "shm irecv_take: NULL %s", c == NULL ? "connection" : "argument");
+    return shm_post(c, false, buf, bytes, take, arg, req);
 }
 
 static weft_status_t shm_test(void *vreq, int *done, size_t *bytes)
@@ -671,6 +686,7 @@ const struct weft_transport_ops weft_shm_ops = {
     .dereg_mem = NULL,
     .isend = shm_isend,
     .irecv = shm_irecv,
+    .irecv_take = shm_irecv_take,
     .test = shm_test,
     .put_notify = NULL,
     .progress = shm_progress,

@@ -128,6 +128,8 @@ struct shm_req {
     bool started;           /* a slot of it has been written (send) or read (recv) */
     bool cma;               /* send: published for the peer to pull; waits for the ack */
     bool no_cma;            /* send: the peer refused to pull it; the ring carries it */
+    weft_take_fn take;      /* recv by irecv_take: offered each chunk first */
+    void *take_arg;
 };
 
 /*

@@ -4,6 +4,7 @@
  * mapping of a peer's segment at connect, the CMA probe, the liveness
  * check of a peer's process, and finalize.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -481,6 +482,30 @@ weft_status_t shm_ready(void *vctx)
     return WEFT_OK;
 }
 
+/* The communicator never became ready, so it never will: every segment
+ * name of its job goes, including those of ranks that died before they
+ * could remove their own (a crash during init leaves nothing behind). */
+static void unlink_job(const struct shm_ctx *ctx)
+{
+    const char *slash = strrchr(ctx->name, '/'), *dash = strrchr(ctx->name, '-');
+    if (slash == NULL || dash == NULL || dash < slash)
+        return;
+    char dir[sizeof(ctx->name)], prefix[64];
+    snprintf(dir, sizeof(dir), "%.*s", (int)(slash - ctx->name), ctx->name);
+    snprintf(prefix, sizeof(prefix), "%.*s", (int)(dash + 1 - slash - 1), slash + 1);
+    DIR *d = opendir(ctx->use_path ? dir : "/dev/shm");
+    if (d == NULL)
+        return;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+            continue;
+        char name[sizeof(ctx->name) + sizeof(e->d_name) + 2];
+        snprintf(name, sizeof(name), "%s/%s", ctx->use_path ? dir : "", e->d_name);
+        seg_unlink(name, ctx->use_path);
+    }
+    closedir(d);
+}
+
 void shm_finalize(void *vctx)
 {
     struct shm_ctx *ctx = vctx;
@@ -507,7 +532,7 @@ void shm_finalize(void *vctx)
     if (ctx->seg)
         munmap(ctx->seg, ctx->seg_bytes);
     if (!ctx->unlinked && ctx->seg)
-        seg_unlink(ctx->name, ctx->use_path);
+        unlink_job(ctx);
     while (ctx->slabs) {
         struct shm_slab *s = ctx->slabs;
         ctx->slabs = s->next;
