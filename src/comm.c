@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -333,6 +334,30 @@ out:
     return st;
 }
 
+/* WEFT_BIND=1: the k-th rank of this machine runs on the k-th CPU it may
+ * use (threads made later inherit it).  A failure is logged, not fatal. */
+static void bind_cpu(int rank, int k, int local)
+{
+    cpu_set_t allowed, one;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0)
+        return;
+    int n = CPU_COUNT(&allowed), want = k % n, cpu = -1;
+    for (int c = 0, seen = 0; c < CPU_SETSIZE && cpu < 0; c++)
+        if (CPU_ISSET(c, &allowed) && seen++ == want)
+            cpu = c;
+    if (local > n)
+        WEFT_WARN(WEFT_SUB_INIT, "rank %d: WEFT_BIND: %d ranks on this machine share %d CPUs",
+                  rank, local, n);
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof(one), &one) != 0)
+        WEFT_WARN(WEFT_SUB_INIT, "rank %d: WEFT_BIND: cannot pin to CPU %d: %s", rank, cpu,
+                  strerror(errno));
+    else
+        WEFT_INFO(WEFT_SUB_INIT, "rank %d: pinned to CPU %d (local rank %d of %d)", rank, cpu, k,
+                  local);
+}
+
 weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct weft_uid *uid,
                                int rank)
 {
@@ -411,12 +436,14 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
         weft_tcp_ops.finalize(tcp_ctx);
         goto fail;
     }
-    int local = 0; /* ranks on our cores, for the spin policy */
+    int local = 0, below = 0; /* ranks on our cores (spin policy), those of lower rank */
     for (int r = 0; r < nranks; r++) {
         all[r].host[sizeof(all[r].host) - 1] = '\0'; /* peers' bytes: terminate */
         all[r].machine[sizeof(all[r].machine) - 1] = '\0';
         comm->rescue[r] = all[r].rescue; /* checked when used */
-        local += strcmp(all[r].machine, me.machine) == 0;
+        bool here = strcmp(all[r].machine, me.machine) == 0;
+        local += here;
+        below += here && r < rank;
         if (all[r].check != all[0].check) {
             /* A rank without fingerprints would read them as data. */
             st = weft_error(comm, WEFT_ERR_INVALID_ARG,
@@ -427,6 +454,8 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
             goto fail;
         }
     }
+    if (weft_param_int("WEFT_BIND"))
+        bind_cpu(rank, below, local);
     weft_engine_tune(comm->eng, local);
     WEFT_CHECK_GOTO(open_links(comm, &targs, tcp_ctx, all, deadline), st, fail);
     struct weft_cal cal = {0};

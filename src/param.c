@@ -33,6 +33,7 @@ static const struct weft_param_desc table[] = {
     {"WEFT_SHM_SLOT_BYTES", "int", "262144", "bytes per shared-memory slot, rounded up to a page; messages move in slot-sized chunks", NULL},
     {"WEFT_SHM_CMA_MIN", "int", "0", "messages at least this long are pulled with process_vm_readv instead of the ring (0: never; the ring measured faster here)", NULL},
     {"WEFT_SHM_DIR", "str", "/dev/shm", "folder for shared-memory segments (shm_open in /dev/shm, open() elsewhere)", NULL},
+    {"WEFT_BIND", "int", "0", "1: pin each rank's threads to one CPU of those allowed, the k-th rank of a machine to the k-th CPU (0: the kernel places them)", NULL},
     {"WEFT_CALIBRATE", "int", "1", "1: time a short ping-pong between ring neighbours at init and start the link table from it; 0: built-in defaults", NULL},
     {"WEFT_TOPO_FILE", "str", "", "topology file: per-transport defaults, per-host and per-pair link costs and transports (format in src/topo.h)", NULL},
     {"WEFT_CHECK", "int", "0",

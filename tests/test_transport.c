@@ -5,11 +5,12 @@
  * shared-memory AllReduce sweep leaves errors (not hangs) on the others
  * and nothing in /dev/shm.  Calibration at init measures every ring edge,
  * gives every rank the same table, and yields to WEFT_CALIBRATE=0 and to
- * the topology file.
+ * the topology file.  WEFT_BIND=1 pins each rank to its own CPU.
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -224,3 +225,49 @@ Test(transport, topology_file_beats_calibration, .timeout = 60)
     run_table_job(4, &x);
     unlink(path);
 }
+
+/* ---- WEFT_BIND ---------------------------------------------------------------------- */
+
+/* Each rank reports its CPU set: one CPU, rank k of the machine on the k-th
+ * allowed CPU (modulo their number), when pinning; untouched otherwise. */
+static int check_bind(weft_comm_t comm, int rank, int nranks, void *arg)
+{
+    bool pinned = arg != NULL;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) != 0)
+        return weft_test_fail(rank, "sched_getaffinity failed");
+    int parent_cpus = atoi(getenv("WEFT_TEST_PARENT_CPUS"));
+    int n = CPU_COUNT(&set);
+    if (!pinned)
+        return n == parent_cpus ? 0 : weft_test_fail(rank, "%d CPUs, the parent had %d", n,
+                                                    parent_cpus);
+    if (n != 1)
+        return weft_test_fail(rank, "WEFT_BIND=1 left %d CPUs", n);
+    int cpu = -1;
+    for (int c = 0; c < CPU_SETSIZE && cpu < 0; c++)
+        if (CPU_ISSET(c, &set))
+            cpu = c;
+    /* Different ranks, different CPUs while there are enough. */
+    int32_t mine = cpu, all[8] = {0};
+    if (weft_allgather(&mine, all, 1, WEFT_INT32, comm) != WEFT_OK)
+        return weft_test_fail(rank, "allgather: %s", weft_last_error(comm));
+    for (int r = 0; r < nranks; r++)
+        if (r != rank && all[r] == cpu && nranks <= parent_cpus)
+            return weft_test_fail(rank, "ranks %d and %d are both on CPU %d", rank, r, cpu);
+    return 0;
+}
+
+static void run_bind(bool pin)
+{
+    cpu_set_t set;
+    cr_assert_eq(sched_getaffinity(0, sizeof(set), &set), 0);
+    char v[16];
+    snprintf(v, sizeof(v), "%d", CPU_COUNT(&set));
+    setenv("WEFT_TEST_PARENT_CPUS", v, 1);
+    if (pin)
+        setenv("WEFT_BIND", "1", 1);
+    cr_assert_eq(weft_test_run(2, 60, check_bind, pin ? &set : NULL), 0);
+}
+
+Test(transport, bind_pins_each_rank_to_its_own_cpu, .timeout = 60) { run_bind(true); }
+Test(transport, no_bind_leaves_placement_to_the_kernel, .timeout = 60) { run_bind(false); }
