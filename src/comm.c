@@ -256,8 +256,18 @@ static weft_status_t open_links(struct weft_comm *comm, const struct weft_transp
         goto out; /* the others time out in the exchange and name this rank */
     }
     if (local_peer) {
+        /* Rings only for the ranks of this host (all of them agree on it). */
+        struct weft_transport_init sargs = *targs;
+        int *group = malloc((size_t)n * sizeof(*group)), ngroup = 0;
+        for (int r = 0; group && r < n; r++)
+            if (strcmp(all[r].host, all[rank].host) == 0)
+                group[ngroup++] = r;
+        sargs.group = group;
+        sargs.ngroup = ngroup;
         size_t len = sizeof(mine.addr);
-        st = weft_shm_ops.init(targs, &ctx[TP_SHM], mine.addr, &len);
+        st = group ? weft_shm_ops.init(&sargs, &ctx[TP_SHM], mine.addr, &len)
+                   : weft_error(comm, WEFT_ERR_NO_MEMORY, "out of memory for %d ranks", n);
+        free(group);
         if (st == WEFT_OK)
             mine.len = (uint32_t)len;
         else if (allowed & (1u << WEFT_LINK_TCP))

@@ -21,6 +21,8 @@
 #include "harness.h"
 #include "src/comm.h"
 #include "src/topo.h"
+#include "transports/shm/shm.h"
+#include "transports/transport.h"
 
 /* Init must fail with status `want` and a message containing `why`. */
 struct expect_fail {
@@ -175,6 +177,15 @@ static int check_table(weft_comm_t comm, int rank, int nranks, void *arg)
     if (!x->file && (shm_default != WEFT_LINK_SHM_ALPHA) != x->calibrated)
         return weft_test_fail(rank, "shm default alpha %g (built-in %g), calibrated %d",
                               shm_default, WEFT_LINK_SHM_ALPHA, x->calibrated);
+    /* Rings only for this host's ranks: with 2 "hosts", one peer each. */
+    const char *hosts = getenv("WEFT_TEST_HOSTS");
+    int want_group = hosts ? nranks / atoi(hosts) : nranks;
+    for (int i = 0; i < comm->ntp; i++) {
+        const struct shm_ctx *sc = comm->tp[i].ctx;
+        if (comm->tp[i].ops == &weft_shm_ops && sc->ngroup != want_group)
+            return weft_test_fail(rank, "shm has rings for %d ranks, this host has %d",
+                                  sc->ngroup, want_group);
+    }
     /* Every rank holds the same numbers. */
     double lo = sum, hi = sum;
     if (weft_allreduce(&lo, &lo, 1, WEFT_FLOAT64, WEFT_MIN, comm) != WEFT_OK ||

@@ -23,6 +23,10 @@ struct weft_transport_init {
     const uint8_t *secret;      /* WEFT_SECRET_BYTES, authenticates every connection */
     union weft_sockaddr local;  /* interface address to listen on (port 0) */
     uint64_t timeout_ns;        /* WEFT_TIMEOUT_MS: bound on connection setup */
+    /* shm: the ranks it may connect to, ascending, this rank included (the
+     * same list on each of them); NULL: every rank. */
+    const int *group;
+    int ngroup;
 };
 
 /*

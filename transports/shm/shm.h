@@ -190,6 +190,7 @@ struct weft_shm_stats {
 struct shm_ctx {
     struct weft_comm *comm;
     int rank, nranks;
+    int *group, ngroup;                 /* ranks with a ring here (ascending); NULL: all */
     pid_t pid;
     uint64_t job;
     struct shm_seg *seg;

@@ -46,10 +46,31 @@ static size_t round_up(size_t v, size_t a)
     return (v + a - 1) / a * a;
 }
 
-/* Index of sender's ring in a segment owned by rank owner. */
-static int ring_index(int owner, int sender)
+/* Position of rank r in the group (every rank when there is no group
+ * list), or -1 when it is not in it. */
+static int group_pos(const struct shm_ctx *ctx, int r)
 {
-    return sender < owner ? sender : sender - 1;
+    if (ctx->group == NULL)
+        return r >= 0 && r < ctx->nranks ? r : -1;
+    int lo = 0, hi = ctx->ngroup - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (ctx->group[mid] == r)
+            return mid;
+        if (ctx->group[mid] < r)
+            lo = mid + 1;
+        else
+            hi = mid - 1;
+    }
+    return -1;
+}
+
+/* Index of sender's ring in a segment owned by rank owner: one ring per
+ * other member of the group, in group order. */
+static int ring_index(const struct shm_ctx *ctx, int owner, int sender)
+{
+    int s = group_pos(ctx, sender);
+    return s < group_pos(ctx, owner) ? s : s - 1;
 }
 
 /* An integer parameter from the environment (getenv until the param table
@@ -125,8 +146,8 @@ static weft_status_t seg_error(struct shm_ctx *ctx, int fd, const char *dir, con
                           "rank %d: cannot create the shared-memory segment %s: %s is full "
                           "(%llu bytes free, %zu needed for %d ring%s of %u slots x %zu bytes; "
                           "see WEFT_SHM_SLOTS and WEFT_SHM_SLOT_BYTES)",
-                          ctx->rank, ctx->name, dir, avail, ctx->seg_bytes, ctx->nranks - 1,
-                          ctx->nranks == 2 ? "" : "s", ctx->nslots, ctx->slot_bytes);
+                          ctx->rank, ctx->name, dir, avail, ctx->seg_bytes, ctx->ngroup - 1,
+                          ctx->ngroup == 2 ? "" : "s", ctx->nslots, ctx->slot_bytes);
     }
     return weft_error(ctx->comm, err == ENOMEM ? WEFT_ERR_NO_MEMORY : WEFT_ERR_SYSTEM,
                       "rank %d: cannot %s the shared-memory segment %s of %zu bytes: %s",
@@ -221,6 +242,22 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
     ctx->comm = args->comm;
     ctx->rank = args->rank;
     ctx->nranks = args->nranks;
+    ctx->ngroup = args->group ? args->ngroup : args->nranks;
+    if (args->group) {
+        ctx->group = malloc((size_t)args->ngroup * sizeof(*ctx->group));
+        bool sane = ctx->group != NULL && args->ngroup >= 1 && args->ngroup <= args->nranks;
+        for (int i = 0; sane && i < args->ngroup; i++) {
+            ctx->group[i] = args->group[i];
+            sane = args->group[i] >= 0 && args->group[i] < args->nranks &&
+                   (i == 0 || args->group[i] > args->group[i - 1]);
+        }
+        if (!sane || group_pos(ctx, args->rank) < 0) {
+            st = weft_error(args->comm, ctx->group ? WEFT_ERR_INVALID_ARG : WEFT_ERR_NO_MEMORY,
+                            "shm init: rank %d: bad group of %d ranks", args->rank,
+                            args->ngroup);
+            goto fail;
+        }
+    }
     ctx->job = args->job;
     ctx->pid = getpid();
     ctx->page = (size_t)sysconf(_SC_PAGESIZE);
@@ -231,13 +268,13 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
         round_up(sizeof(struct shm_ring) + ctx->nslots * sizeof(struct shm_slot), ctx->page);
     ctx->ring_bytes = ctx->ring_hdr_bytes + ctx->nslots * ctx->slot_bytes;
     size_t hdr = round_up(sizeof(struct shm_seg), ctx->page);
-    if ((size_t)(args->nranks - 1) > (SIZE_MAX / 2 - hdr) / ctx->ring_bytes) {
+    if ((size_t)(ctx->ngroup - 1) > (SIZE_MAX / 2 - hdr) / ctx->ring_bytes) {
         st = weft_error(args->comm, WEFT_ERR_INVALID_ARG,
                         "rank %d: %d rings of %zu bytes do not fit in memory", args->rank,
-                        args->nranks - 1, ctx->ring_bytes);
+                        ctx->ngroup - 1, ctx->ring_bytes);
         goto fail;
     }
-    ctx->seg_bytes = hdr + (size_t)(args->nranks - 1) * ctx->ring_bytes;
+    ctx->seg_bytes = hdr + (size_t)(ctx->ngroup - 1) * ctx->ring_bytes;
     ctx->conns = calloc((size_t)args->nranks, sizeof(*ctx->conns));
     if (ctx->conns == NULL) {
         st = weft_error(args->comm, WEFT_ERR_NO_MEMORY, "shm init: out of memory");
@@ -273,7 +310,7 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
     WEFT_INFO(WEFT_SUB_NET,
               "rank %d: shm segment %s: %d rings of %u x %zu bytes, %zu bytes mapped and "
               "touched in %.1f ms; CMA from %zu bytes",
-              ctx->rank, ctx->name, ctx->nranks - 1, ctx->nslots, ctx->slot_bytes,
+              ctx->rank, ctx->name, ctx->ngroup - 1, ctx->nslots, ctx->slot_bytes,
               ctx->seg_bytes, (double)(weft_now_ns() - t0) / 1e6, ctx->cma_min);
     return WEFT_OK;
 fail:
@@ -299,7 +336,7 @@ static bool seg_hdr_sane(const struct shm_seg *h, const struct shm_ctx *ctx, int
         return false;
     if (h->ring_bytes != h->ring_hdr_bytes + h->nslots * h->slot_bytes)
         return false;
-    return h->seg_bytes == h->hdr_bytes + (uint64_t)(ctx->nranks - 1) * h->ring_bytes &&
+    return h->seg_bytes == h->hdr_bytes + (uint64_t)(ctx->ngroup - 1) * h->ring_bytes &&
            h->seg_bytes == (uint64_t)file_bytes;
 }
 
@@ -366,10 +403,10 @@ weft_status_t shm_connect(void *vctx, int peer, const void *addr, size_t addrlen
     if (ctx == NULL || addr == NULL || vconn == NULL)
         return weft_error_quiet(ctx ? ctx->comm : NULL, WEFT_ERR_INVALID_ARG,
                                 "shm connect: NULL argument");
-    if (peer < 0 || peer >= ctx->nranks || peer == ctx->rank)
+    if (peer < 0 || peer >= ctx->nranks || peer == ctx->rank || group_pos(ctx, peer) < 0)
         return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
-                                "rank %d: shm connect to rank %d: not a peer in 0..%d", ctx->rank,
-                                peer, ctx->nranks - 1);
+                                "rank %d: shm connect to rank %d: not a peer on this host (0..%d)",
+                                ctx->rank, peer, ctx->nranks - 1);
     struct shm_addr a;
     if (addrlen != sizeof(a))
         return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
@@ -426,7 +463,7 @@ weft_status_t shm_connect(void *vctx, int peer, const void *addr, size_t addrlen
     c->tx_nslots = h.nslots;
     c->tx_slot_bytes = h.slot_bytes;
     c->tx_map_bytes = h.ring_bytes;
-    off_t off = (off_t)(h.hdr_bytes + (uint64_t)ring_index(peer, ctx->rank) * h.ring_bytes);
+    off_t off = (off_t)(h.hdr_bytes + (uint64_t)ring_index(ctx, peer, ctx->rank) * h.ring_bytes);
     /* Eager: the page tables are filled now, not on the first send. */
     void *ring = mmap(NULL, h.ring_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd,
                       off);
@@ -451,7 +488,7 @@ weft_status_t shm_connect(void *vctx, int peer, const void *addr, size_t addrlen
     c->peer_seg = hdr;
     c->peer_seg_bytes = h.hdr_bytes;
     char *mine = (char *)ctx->seg + ctx->seg->hdr_bytes +
-                 (size_t)ring_index(ctx->rank, peer) * ctx->ring_bytes;
+                 (size_t)ring_index(ctx, ctx->rank, peer) * ctx->ring_bytes;
     c->rx = (struct shm_ring *)mine;
     c->rx_data = mine + ctx->ring_hdr_bytes;
     conn_watch_pid(ctx, c);
@@ -539,5 +576,6 @@ void shm_finalize(void *vctx)
         free(s);
     }
     free(ctx->conns);
+    free(ctx->group);
     free(ctx);
 }
