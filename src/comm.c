@@ -233,6 +233,10 @@ static weft_status_t open_links(struct weft_comm *comm, const struct weft_transp
                                 void *tcp_ctx, const struct rank_info *all, uint64_t deadline)
 {
     int rank = comm->rank, n = comm->nranks;
+    if (n < 1) { /* checked by every caller; said here for the allocations below */
+        weft_tcp_ops.finalize(tcp_ctx);
+        return weft_error(comm, WEFT_ERR_INTERNAL, "open_links: %d ranks", n);
+    }
     const char *spec = weft_param_str("WEFT_TRANSPORT");
     unsigned allowed;
     weft_status_t st = table_build(comm, all, NULL, &allowed);
