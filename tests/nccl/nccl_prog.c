@@ -520,6 +520,42 @@ static int abort_test(ncclComm_t comm)
     return failures ? 1 : 0;
 }
 
+/* --shrink-after-death: the last rank dies (no cleanup) in the middle of
+ * a loop of AllReduces; the others see ncclRemoteError, shrink the failed
+ * communicator with NCCL_SHRINK_ABORT and go on with exact sums. */
+static int shrink_after_death(ncclComm_t comm, int p)
+{
+    enum { N = 1 << 16 };
+    static float buf[N];
+    int gone = p - 1;
+    ncclResult_t r = ncclSuccess;
+    for (int it = 0; r == ncclSuccess && it < 100000; it++) {
+        if (rank_ == gone && it == 5)
+            _exit(0); /* as if killed: nothing is closed or told */
+        for (int i = 0; i < N; i++)
+            buf[i] = (float)(rank_ + 1);
+        r = ncclAllReduce(buf, buf, N, ncclFloat, ncclSum, comm, NULL);
+    }
+    CHECK(r == ncclRemoteError, "the loop ended with %s", ncclGetErrorString(r));
+    ncclComm_t small = NULL;
+    NCCLOK(ncclCommShrink(comm, &gone, 1, &small, NULL, NCCL_SHRINK_ABORT));
+    int n = 0, me = -1;
+    NCCLOK(ncclCommCount(small, &n));
+    NCCLOK(ncclCommUserRank(small, &me));
+    CHECK(n == p - 1 && me == rank_, "shrunk: rank %d of %d", me, n);
+    for (int i = 0; i < N; i++)
+        buf[i] = (float)(rank_ + 1);
+    NCCLOK(ncclAllReduce(buf, buf, N, ncclFloat, ncclSum, small, NULL));
+    float want = (float)((p - 1) * p / 2);
+    CHECK(buf[0] == want && buf[N - 1] == want, "sum after the shrink: %g, expected %g",
+          (double)buf[0], (double)want);
+    NCCLOK(ncclCommDestroy(small));
+    NCCLOK(ncclCommAbort(comm));
+    if (failures == 0 && rank_ == 0)
+        printf("shrink after a death: %d ranks go on\n", p - 1);
+    return failures ? 1 : 0;
+}
+
 static int env_int(const char *const *names)
 {
     for (; *names; names++) {
@@ -534,12 +570,14 @@ int main(int argc, char **argv)
 {
     const char *expect_lib = NULL;
     int all = 0;
-    bool which = false, abort_mode = false;
+    bool which = false, abort_mode = false, shrink_mode = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--which") == 0)
             which = true;
         else if (strcmp(argv[i], "--abort") == 0)
             abort_mode = true;
+        else if (strcmp(argv[i], "--shrink-after-death") == 0)
+            shrink_mode = true;
         else if (strcmp(argv[i], "--expect-lib") == 0 && i + 1 < argc)
             expect_lib = argv[++i];
         else if (strcmp(argv[i], "--init-all") == 0 && i + 1 < argc)
@@ -587,6 +625,8 @@ int main(int argc, char **argv)
     NCCLOK(ncclCommInitRank(&comm, p, id, rank_));
     if (abort_mode)
         return abort_test(comm);
+    if (shrink_mode)
+        return shrink_after_death(comm, p);
     if (rank_ == 0)
         printf("ncclAllReduce from %s; version %d; %d ranks\n", info.dli_fname, version, p);
     check_allreduce(comm, p);

@@ -130,3 +130,8 @@ Test(nccl, abort_from_another_thread_mid_collective, .timeout = 60)
 {
     expect_ok("./weftrun -n 2 ./nccl_prog_own --abort");
 }
+
+Test(nccl, shrink_a_failed_communicator_after_a_death, .timeout = 120)
+{
+    expect_ok("WEFT_TIMEOUT_MS=20000 ./weftrun -n 4 ./nccl_prog_own --shrink-after-death");
+}
