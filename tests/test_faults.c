@@ -382,6 +382,14 @@ static int shrink_body(weft_comm_t comm, int rank, int nranks, void *arg)
     weft_comm_size(small, &n);
     if (n != NRANKS - 1 || me != rank - (rank > g_shrink_victim))
         return weft_test_fail(rank, "new communicator: rank %d of %d", me, n);
+    /* Survivors may disagree on the last step that completed (a ring step
+     * can finish on some ranks before the victim's death stops it on
+     * others): like a trainer after a failure, they resume from the
+     * earliest one. */
+    int32_t resume = step;
+    if (weft_allreduce(&resume, &resume, 1, WEFT_INT32, WEFT_MIN, small) != WEFT_OK)
+        return weft_test_fail(rank, "agreeing on the step: %s", weft_last_error(small));
+    step = resume;
     for (; step < STEPS; step++) {
         st = step_check(small, g, step, rank, ns, survivors);
         if (st != WEFT_OK)
