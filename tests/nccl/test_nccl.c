@@ -133,5 +133,5 @@ Test(nccl, abort_from_another_thread_mid_collective, .timeout = 60)
 
 Test(nccl, shrink_a_failed_communicator_after_a_death, .timeout = 120)
 {
-    expect_ok("WEFT_TIMEOUT_MS=20000 ./weftrun -n 4 ./nccl_prog_own --shrink-after-death");
+    expect_ok("env WEFT_TIMEOUT_MS=20000 ./weftrun -n 4 ./nccl_prog_own --shrink-after-death");
 }
