@@ -130,6 +130,7 @@ struct weft_engine {
 
     struct sched_entry cache[SCHED_CACHE];   /* (mu) */
     uint64_t cache_clock;
+    struct sched_entry *cache_hot;           /* (mu) the last one used: looked at first */
     struct scratch scratch[MAX_ACTIVE];      /* (driver) */
 
     /* WEFT_CHECK=1 with more than one rank: every collective is preceded

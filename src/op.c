@@ -136,13 +136,20 @@ static bool desc_equal(const struct weft_coll_desc *a, const struct weft_coll_de
 static weft_status_t sched_get(struct weft_engine *eng, const struct weft_coll_desc *d,
                                struct sched_entry **out)
 {
-    struct sched_entry *victim = NULL;
+    struct sched_entry *victim = NULL, *hot = eng->cache_hot;
+    /* Training loops repeat one call: its entry is the last one used. */
+    if (hot && hot->valid && desc_equal(&hot->desc, d)) {
+        hot->refs++;
+        hot->last_use = ++eng->cache_clock;
+        *out = hot;
+        return WEFT_OK;
+    }
     for (size_t i = 0; i < SCHED_CACHE; i++) {
         struct sched_entry *e = &eng->cache[i];
         if (e->valid && desc_equal(&e->desc, d)) {
             e->refs++;
             e->last_use = ++eng->cache_clock;
-            *out = e;
+            *out = eng->cache_hot = e;
             return WEFT_OK;
         }
         if (e->refs == 0 && (victim == NULL || !e->valid ||
@@ -164,7 +171,7 @@ static weft_status_t sched_get(struct weft_engine *eng, const struct weft_coll_d
     victim->valid = true;
     victim->refs = 1;
     victim->last_use = ++eng->cache_clock;
-    *out = victim;
+    *out = eng->cache_hot = victim;
     return WEFT_OK;
 }
 
