@@ -102,6 +102,7 @@ const char *weft_algo_name(int algo)
     switch (algo) {
     case WEFT_ALGO_RING: return "ring";
     case WEFT_ALGO_RD: return "rd";
+    case WEFT_ALGO_TREE: return "tree";
     default: return "unknown";
     }
 }
@@ -111,6 +112,7 @@ weft_status_t weft_sched_build(const struct weft_coll_desc *d, struct weft_sched
     switch (d->algo) {
     case WEFT_ALGO_RING: return weft_ring_build(d, s);
     case WEFT_ALGO_RD: return weft_rd_build(d, s);
+    case WEFT_ALGO_TREE: return weft_tree_build(d, s);
     default:
         return weft_error(NULL, WEFT_ERR_INVALID_ARG, "schedule: unknown algorithm %d", d->algo);
     }

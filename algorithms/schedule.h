@@ -59,7 +59,7 @@ struct weft_schedule {
     size_t scratch_count; /* elements of WEFT_BUF_SCRATCH the schedule uses */
 };
 
-enum weft_algo { WEFT_ALGO_RING = 0, WEFT_ALGO_RD, WEFT_ALGO_COUNT };
+enum weft_algo { WEFT_ALGO_RING = 0, WEFT_ALGO_RD, WEFT_ALGO_TREE, WEFT_ALGO_COUNT };
 const char *weft_algo_name(int algo) WEFT_HIDDEN;
 
 /* What a schedule is built for.  count means: allreduce, broadcast, reduce:
@@ -82,13 +82,18 @@ int32_t weft_sched_add(struct weft_schedule *s, const struct weft_step *st) WEFT
 size_t weft_coll_send_count(const struct weft_coll_desc *d) WEFT_HIDDEN;
 size_t weft_coll_recv_count(const struct weft_coll_desc *d) WEFT_HIDDEN;
 
-/* Builds d->algo's schedule (ring or rd). */
+/* Builds d->algo's schedule (ring, rd or tree). */
 weft_status_t weft_sched_build(const struct weft_coll_desc *d, struct weft_schedule *s) WEFT_HIDDEN;
 
 /* Recursive doubling allreduce (algorithms/rd.c): log2(p) exchanges of the
  * whole vector, non-powers of two folded in and out; partners combine in
  * the same operand order, so every rank's result is bitwise identical. */
 weft_status_t weft_rd_build(const struct weft_coll_desc *d, struct weft_schedule *s) WEFT_HIDDEN;
+
+/* Binomial tree broadcast (algorithms/tree.c), pipelined in chunks: each
+ * chunk reaches every rank in ceil(log2 p) hops.  Other collectives:
+ * WEFT_ERR_UNSUPPORTED. */
+weft_status_t weft_tree_build(const struct weft_coll_desc *d, struct weft_schedule *s) WEFT_HIDDEN;
 
 /* Ring algorithm (algorithms/ring.c): allreduce as reduce-scatter then
  * allgather, reduce_scatter, allgather, and pipelined chains for broadcast

@@ -601,22 +601,34 @@ static int check_algo(struct tc *c, const struct job *jb)
     if (c->p == 1)
         return 0; /* one rank: nothing to choose */
     static const size_t sizes[] = {0, 4, 8 * LARGE, (size_t)1 << 30};
+    /* The forced algorithm runs every call it serves (tree: broadcasts;
+     * rd: allreduces; ring: all); the others fall back to the ring. */
+    const size_t chunk = 512 * 1024;
+    int forced_coll = jb->force == WEFT_ALGO_TREE ? WEFT_COLL_BROADCAST : WEFT_COLL_ALLREDUCE;
     for (size_t i = 0; jb->force >= 0 && i < WEFT_ARRAY_SIZE(sizes); i++) {
-        int got = weft_tune_pick(c->comm->algos, WEFT_COLL_ALLREDUCE, c->p, sizes[i]);
+        int got = weft_tune_pick(c->comm->algos, forced_coll, c->p, sizes[i], chunk);
         if (got != jb->force)
-            return weft_test_fail(c->rank, "WEFT_ALGO=%s: an allreduce of %zu bytes runs %s",
-                                  seen, sizes[i], weft_algo_name(got));
+            return weft_test_fail(c->rank, "WEFT_ALGO=%s: a %s of %zu bytes runs %s", seen,
+                                  weft_coll_name(forced_coll), sizes[i], weft_algo_name(got));
+        int other = jb->force == WEFT_ALGO_TREE ? WEFT_COLL_ALLREDUCE : WEFT_COLL_ALLGATHER;
+        if (jb->force != WEFT_ALGO_RING &&
+            weft_tune_pick(c->comm->algos, other, c->p, sizes[i], chunk) != WEFT_ALGO_RING)
+            return weft_test_fail(c->rank, "WEFT_ALGO=%s: a %s does not fall back to the ring",
+                                  seen, weft_coll_name(other));
     }
     if (jb->force < 0) {
-        int small = weft_tune_pick(all, WEFT_COLL_ALLREDUCE, c->p, 1001 * 4);
-        int big = weft_tune_pick(all, WEFT_COLL_ALLREDUCE, c->p, (size_t)1 << 30);
+        int small = weft_tune_pick(all, WEFT_COLL_ALLREDUCE, c->p, 1001 * 4, chunk);
+        int big = weft_tune_pick(all, WEFT_COLL_ALLREDUCE, c->p, (size_t)1 << 30, chunk);
         if (small != WEFT_ALGO_RD || big != WEFT_ALGO_RING)
             return weft_test_fail(c->rank, "the cost model picks %s for 4004 bytes and %s for "
                                   "1 GiB: the default jobs would not run both algorithms",
                                   weft_algo_name(small), weft_algo_name(big));
+        /* Broadcast: the tree only when forced (see src/tune.c). */
+        int bsmall = weft_tune_pick(all, WEFT_COLL_BROADCAST, c->p, 4, chunk);
+        if (bsmall != WEFT_ALGO_RING)
+            return weft_test_fail(c->rank, "a 4-byte broadcast on %d ranks runs %s", c->p,
+                                  weft_algo_name(bsmall));
     }
-    if (weft_tune_pick(c->comm->algos, WEFT_COLL_BROADCAST, c->p, 4) != WEFT_ALGO_RING)
-        return weft_test_fail(c->rank, "a broadcast would not run the ring");
     return 0;
 }
 
@@ -769,8 +781,10 @@ Test(coll, ranks_2_chunk_256, .timeout = 200)
 }
 
 /* The allreduce matrix, bitwise identity and operand order under each
- * algorithm forced (other collectives have only the ring).  "^rd" is the
- * exclusion syntax for the same thing as "ring". */
+ * algorithm forced (rd serves allreduce only, the others fall back to the
+ * ring).  "^rd,tree" is the exclusion syntax for the same thing as "ring".
+ * The tree serves broadcast only: the whole matrix (every broadcast root,
+ * size and dtype) runs with it forced. */
 #define ALGO_PARTS "allreduce,bitwise,nan"
 Test(algo, rd_2, .timeout = 200) { run_job(2, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS); }
 Test(algo, rd_3, .timeout = 200) { run_job(3, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS); }
@@ -779,9 +793,9 @@ Test(algo, rd_5, .timeout = 200) { run_job(5, 180, "rd", WEFT_ALGO_RD, ALGO_PART
 Test(algo, rd_7, .timeout = 200) { run_job(7, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS); }
 Test(algo, rd_8, .timeout = 200) { run_job(8, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS); }
 Test(algo, ring_2, .timeout = 200) { run_job(2, 180, "ring", WEFT_ALGO_RING, ALGO_PARTS); }
-Test(algo, ring_3, .timeout = 200) { run_job(3, 180, "^rd", WEFT_ALGO_RING, ALGO_PARTS); }
+Test(algo, ring_3, .timeout = 200) { run_job(3, 180, "^rd,tree", WEFT_ALGO_RING, ALGO_PARTS); }
 Test(algo, ring_4, .timeout = 200) { run_job(4, 180, "ring", WEFT_ALGO_RING, ALGO_PARTS); }
-Test(algo, ring_5, .timeout = 200) { run_job(5, 180, "^rd", WEFT_ALGO_RING, ALGO_PARTS); }
+Test(algo, ring_5, .timeout = 200) { run_job(5, 180, "^rd,tree", WEFT_ALGO_RING, ALGO_PARTS); }
 Test(algo, ring_7, .timeout = 200) { run_job(7, 180, "ring", WEFT_ALGO_RING, ALGO_PARTS); }
 Test(algo, ring_8, .timeout = 200) { run_job(8, 180, "ring", WEFT_ALGO_RING, ALGO_PARTS); }
 
@@ -803,3 +817,6 @@ Test(algo, rd_small_socket_buffers, .timeout = 100)
     setenv("WEFT_TIMEOUT_MS", "10000", 1);
     run_job(2, 60, "rd", WEFT_ALGO_RD, "rdbig");
 }
+Test(algo, tree_3, .timeout = 200) { run_job(3, 180, "tree", WEFT_ALGO_TREE, "matrix"); }
+Test(algo, tree_5, .timeout = 200) { run_job(5, 180, "tree", WEFT_ALGO_TREE, "matrix"); }
+Test(algo, tree_8, .timeout = 200) { run_job(8, 180, "tree", WEFT_ALGO_TREE, "matrix"); }

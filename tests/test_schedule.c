@@ -1,6 +1,6 @@
 /*
- * test_schedule.c - the schedule tests: every ring and recursive doubling
- * schedule proved correct by the checker in sched_sim.c, broken schedules it
+ * test_schedule.c - the schedule tests: every ring, recursive doubling and
+ * binomial tree schedule proved correct by the checker in sched_sim.c, broken schedules it
  * must catch, engine deadlocks, and the schedule container itself.
  */
 #include <criterion/criterion.h>
@@ -18,8 +18,7 @@ static void build_all(int algo, int coll, int p, int root, size_t count, size_t 
     for (int rank = 0; rank < p; rank++) {
         struct weft_coll_desc d = { coll, rank, p, root, count, chunk, algo };
         weft_sched_init(&sch[rank]);
-        weft_status_t st = algo == WEFT_ALGO_RD ? weft_rd_build(&d, &sch[rank])
-                                                : weft_ring_build(&d, &sch[rank]);
+        weft_status_t st = weft_sched_build(&d, &sch[rank]);
         cr_assert(st == WEFT_OK, "%s %s p=%d rank=%d root=%d count=%zu chunk=%zu: %s (%s)",
                   weft_algo_name(algo), weft_coll_name(coll), p, rank, root, count, chunk,
                   weft_status_string(st), weft_last_error(NULL));
@@ -210,6 +209,60 @@ Test(ring, rebuild_reuses_schedule)
     weft_sched_free(&s);
 }
 
+/* ---- the binomial tree broadcast, checked -------------------------------------- */
+
+/* Every root of every rank count 1..pmax (then 31 and 64), counts that
+ * leave a partial last chunk, one chunk and many. */
+static void tree_matrix(int pmin, int pmax, bool with_big, int slots)
+{
+    int ps[MAXP], np = rank_counts(pmin, pmax, with_big, ps);
+    for (int i = 0; i < np; i++) {
+        size_t p = (size_t)ps[i];
+        size_t counts[] = { 0, 1, p - 1, p + 1, 1000003, 10 * p + 7 };
+        size_t chunks[] = { 1 << 20, 1 << 20, 1, 2, 65536, 3 };
+        int roots[] = { 0, ps[i] - 1, ps[i] / 2 };
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+            for (size_t r = 0; r < 3; r++)
+                check_sched(WEFT_ALGO_TREE, WEFT_COLL_BROADCAST, ps[i], roots[r], counts[c],
+                            chunks[c], slots);
+    }
+}
+
+Test(tree, broadcast_small_p) { tree_matrix(1, 9, false, engine_slots()); }
+Test(tree, broadcast_large_p) { tree_matrix(10, 17, true, engine_slots()); }
+Test(tree, broadcast_unbuffered) { tree_matrix(1, 9, false, 1); }
+
+/* ceil(log2 p) hops: the root sends each chunk to that many children, and
+ * no rank receives a chunk twice; other collectives are refused. */
+Test(tree, shape_and_refusals)
+{
+    struct weft_schedule s;
+    weft_sched_init(&s);
+    for (int p = 1; p <= 70; p++) {
+        int L = 0;
+        while ((1 << L) < p)
+            L++;
+        struct weft_coll_desc d = { WEFT_COLL_BROADCAST, 3 % p, p, 3 % p, 10, 4, WEFT_ALGO_TREE };
+        cr_assert(weft_tree_build(&d, &s) == WEFT_OK);
+        size_t sends = 0, recvs = 0;
+        for (size_t i = 0; i < s.nsteps; i++) {
+            sends += s.steps[i].kind == WEFT_STEP_SEND;
+            recvs += s.steps[i].kind == WEFT_STEP_RECV;
+        }
+        cr_assert(sends == (size_t)L * 3 && recvs == 0, "p=%d root: %zu sends, %zu receives", p,
+                  sends, recvs);
+    }
+    struct weft_coll_desc bad = { WEFT_COLL_ALLREDUCE, 0, 4, 0, 10, 4, WEFT_ALGO_TREE };
+    cr_assert(weft_tree_build(&bad, &s) == WEFT_ERR_UNSUPPORTED);
+    bad = (struct weft_coll_desc){ WEFT_COLL_BROADCAST, 0, 4, 4, 10, 4, WEFT_ALGO_TREE };
+    cr_assert(weft_tree_build(&bad, &s) == WEFT_ERR_INVALID_ARG);
+    cr_assert(strstr(weft_last_error(NULL), "root 4"), "%s", weft_last_error(NULL));
+    bad.root = 0;
+    bad.chunk = 0;
+    cr_assert(weft_tree_build(&bad, &s) == WEFT_ERR_INVALID_ARG);
+    weft_sched_free(&s);
+}
+
 /* ---- recursive doubling, checked ---------------------------------------------- */
 
 /* Allreduce over ranks pmin..pmax (then 31 and 64 when with_big): powers of
@@ -363,14 +416,18 @@ Test(schedule, build_dispatches_on_algo)
     weft_sched_init(&a);
     weft_sched_init(&b);
     for (int algo = 0; algo < WEFT_ALGO_COUNT; algo++) {
-        struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 3, 6, 0, 100, 7, algo };
+        int coll = algo == WEFT_ALGO_TREE ? WEFT_COLL_BROADCAST : WEFT_COLL_ALLREDUCE;
+        struct weft_coll_desc d = { coll, 3, 6, 0, 100, 7, algo };
         cr_assert(weft_sched_build(&d, &a) == WEFT_OK);
-        cr_assert((algo == WEFT_ALGO_RD ? weft_rd_build(&d, &b) : weft_ring_build(&d, &b)) ==
-                  WEFT_OK);
+        weft_status_t st = algo == WEFT_ALGO_RD     ? weft_rd_build(&d, &b)
+                           : algo == WEFT_ALGO_TREE ? weft_tree_build(&d, &b)
+                                                    : weft_ring_build(&d, &b);
+        cr_assert(st == WEFT_OK);
         cr_assert(same_steps(&a, &b), "%s", weft_algo_name(algo));
+        /* They really differ: rd exchanges whole chunks with 3 partners. */
+        if (algo == WEFT_ALGO_RD)
+            cr_assert(a.nsteps != 0 && count_flag(&a, WEFT_STEP_RECV_FIRST) > 0);
     }
-    /* The two really differ: rd exchanges whole chunks with 3 partners. */
-    cr_assert(a.nsteps != 0 && count_flag(&a, WEFT_STEP_RECV_FIRST) > 0);
     int bad[] = { WEFT_ALGO_COUNT, -1, 77 };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 4, 0, 4, 1, bad[i] };
@@ -380,6 +437,7 @@ Test(schedule, build_dispatches_on_algo)
     }
     cr_assert_str_eq(weft_algo_name(WEFT_ALGO_RING), "ring");
     cr_assert_str_eq(weft_algo_name(WEFT_ALGO_RD), "rd");
+    cr_assert_str_eq(weft_algo_name(WEFT_ALGO_TREE), "tree");
     cr_assert_str_eq(weft_algo_name(WEFT_ALGO_COUNT), "unknown");
     weft_sched_free(&a);
     weft_sched_free(&b);

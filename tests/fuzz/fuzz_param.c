@@ -12,6 +12,7 @@
 #include <strings.h>
 
 #include "fuzz.h"
+#include "algorithms/schedule.h"
 #include "src/comm.h"
 #include "src/sock.h"
 #include "src/topo.h"
@@ -98,7 +99,7 @@ static void wrappers(const char *s)
                    "'%s': message '%s'", s, err);
     unsigned algo = 0;
     if (weft_tune_parse_algo(s, &algo) == WEFT_OK)
-        FUZZ_CHECK(algo != 0 && algo < 4, "'%s' -> %#x", s, algo);
+        FUZZ_CHECK(algo != 0 && algo < (1u << WEFT_ALGO_COUNT), "'%s' -> %#x", s, algo);
     else
         FUZZ_CHECK(strncmp(weft_thread_last_error(), "WEFT_ALGO=", 10) == 0, "'%s': '%s'", s,
                    weft_thread_last_error());

@@ -501,27 +501,11 @@ weft_status_t shm_connect(void *vctx, int peer, const void *addr, size_t addrlen
     return st;
 }
 
-/* ---- ready and finalize --------------------------------------------------- */
-
-weft_status_t shm_ready(void *vctx)
-{
-    struct shm_ctx *ctx = vctx;
-    if (ctx == NULL)
-        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "shm ready: NULL context");
-    if (ctx->unlinked)
-        return WEFT_OK;
-    /* Every peer has mapped the segment: the name can go, so that a crash
-     * from now on leaves nothing behind. */
-    ctx->unlinked = true;
-    if (seg_unlink(ctx->name, ctx->use_path) < 0 && errno != ENOENT)
-        WEFT_WARN(WEFT_SUB_NET, "rank %d: cannot remove the shared-memory name %s: %s",
-                  ctx->rank, ctx->name, strerror(errno));
-    return WEFT_OK;
-}
-
-/* The communicator never became ready, so it never will: every segment
- * name of its job goes, including those of ranks that died before they
- * could remove their own (a crash during init leaves nothing behind). */
+/* Removes every segment name of the job: at ready (every rank has mapped
+ * every segment), and at finalize when the communicator never became
+ * ready (so it never will), including names of ranks that died or stopped
+ * before they could remove their own: a crash during init leaves nothing
+ * behind. */
 static void unlink_job(const struct shm_ctx *ctx)
 {
     const char *slash = strrchr(ctx->name, '/'), *dash = strrchr(ctx->name, '-');
@@ -541,6 +525,27 @@ static void unlink_job(const struct shm_ctx *ctx)
         seg_unlink(name, ctx->use_path);
     }
     closedir(d);
+}
+
+/* ---- ready and finalize --------------------------------------------------- */
+
+weft_status_t shm_ready(void *vctx)
+{
+    struct shm_ctx *ctx = vctx;
+    if (ctx == NULL)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "shm ready: NULL context");
+    if (ctx->unlinked)
+        return WEFT_OK;
+    /* Every peer has mapped every segment: the names can go, so that a
+     * crash from now on leaves nothing behind.  Each rank removes all of
+     * the job's, not only its own: one stopped or killed right after the
+     * barrier would leave its own behind. */
+    ctx->unlinked = true;
+    if (seg_unlink(ctx->name, ctx->use_path) < 0 && errno != ENOENT)
+        WEFT_WARN(WEFT_SUB_NET, "rank %d: cannot remove the shared-memory name %s: %s",
+                  ctx->rank, ctx->name, strerror(errno));
+    unlink_job(ctx);
+    return WEFT_OK;
 }
 
 void shm_finalize(void *vctx)
