@@ -381,8 +381,9 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     weft_status_t ast = weft_tune_parse_algo(weft_param_str("WEFT_ALGO"), &algos);
     const char *asrc = weft_param_source("WEFT_ALGO");
     if (ast != WEFT_OK && asrc && strcmp(asrc, "WEFT_ALGO") != 0) {
-        /* NCCL_ALGO names NCCL's algorithms (Tree, NVLS...): a program
-         * written for NCCL must still run, so weft picks for itself. */
+        /* NCCL_ALGO may name algorithms only NCCL has (NVLS, CollNet...;
+         * Ring and Tree are weft's too): a program written for NCCL must
+         * still run, so weft picks for itself. */
         static _Atomic int warned;
         if (!atomic_exchange(&warned, 1))
             WEFT_WARN(WEFT_SUB_INIT, "%s=%s: %s; ignoring it", asrc,
