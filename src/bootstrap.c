@@ -20,7 +20,7 @@
 
 #define UID_MAGIC 0x44494657u /* "WFID" little endian */
 #define UID_VERSION 1
-#define MAX_PENDING 64             /* unauthenticated connections held at once */
+#define MAX_PENDING 64             /* connections held at once before their record is in */
 #define HANDSHAKE_MS 10000         /* bound on one connection's handshake */
 #define BS_MAGIC 0x53425746u       /* "WFBS": header of every bootstrap message */
 #define BS_ERROR 0x52454657u       /* "WFER": the root failed; the text follows */
@@ -524,9 +524,19 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
                 if (weft_sock_accept(lfd, &fd) != WEFT_OK || fd < 0)
                     break;
                 if (npend == MAX_PENDING) {
-                    WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: %d unauthenticated connections pending; "
-                                             "dropping the oldest", MAX_PENDING);
-                    pending_drop(pend, &npend, 0);
+                    /* Never a connection that proved the secret (a rank
+                     * whose record is on its way): an unproven one goes,
+                     * or, when all have proved it, the newcomer. */
+                    int victim = 0;
+                    while (victim < npend && pend[victim].authed)
+                        victim++;
+                    WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: %d connections pending; dropping %s",
+                              MAX_PENDING, victim < npend ? "an unauthenticated one" : "a new one");
+                    if (victim == npend) {
+                        close(fd);
+                        continue;
+                    }
+                    pending_drop(pend, &npend, victim);
                 }
                 struct pending *p = &pend[npend];
                 memset(p, 0, sizeof(*p));
@@ -612,9 +622,14 @@ weft_status_t weft_bootstrap_init(struct weft_comm *comm, const struct weft_uid 
         for (int tries = 0;; tries++) {
             WEFT_CHECK_GOTO(weft_sock_connect(&uid->root, deadline, &bs->root_fd), st, fail);
             st = weft_auth_connect(bs->root_fd, uid->secret, &hello, deadline, &why);
-            /* A root busy with a flood of strangers may drop us before the
-             * handshake is through: try again while time is left.  A root
-             * that fails our check of its secret is not retried. */
+            /* Our record goes with the handshake: a root busy with a flood
+             * of strangers may drop us before it has seen our proof. */
+            if (st == WEFT_OK && msg_send(bs, bs->root_fd, 0, info, info_len, deadline) != WEFT_OK) {
+                st = WEFT_ERR_REMOTE;
+                why = "closed before it took our record";
+            }
+            /* Try again while time is left.  A root that fails our check of
+             * its secret is not retried. */
             if (st != WEFT_ERR_REMOTE || weft_ms_left(deadline) == 0 ||
                 (why && strstr(why, "secret")))
                 break;
@@ -630,7 +645,6 @@ weft_status_t weft_bootstrap_init(struct weft_comm *comm, const struct weft_uid 
                             weft_sock_str(&uid->root, addr, sizeof(addr)), why ? why : "?");
             goto fail;
         }
-        WEFT_CHECK_GOTO(msg_send(bs, bs->root_fd, 0, info, info_len, deadline), st, fail);
         st = msg_recv(bs, bs->root_fd, 0, all, (size_t)nranks * info_len, deadline);
         if (st != WEFT_OK) {
             char why2[WEFT_ERRMSG_LEN];
