@@ -22,6 +22,7 @@
 
 #include <weft.h>
 
+#include "perf/common.h"
 #include "perf/pattern.h"
 #include "soak_usage.h"
 
@@ -188,24 +189,13 @@ static int parse_u64(const char *s, int base, uint64_t max, uint64_t *out)
     return 0;
 }
 
+/* perf's sizes, bounded so that the few buffers of that size add up. */
 static int parse_size(const char *s, size_t *out)
 {
-    char *end;
-    if (*s < '0' || *s > '9')
+    size_t v;
+    if (perf_parse_size(s, &v) != 0 || v > SIZE_MAX / 4)
         return -1;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10), mult = 1;
-    if (errno)
-        return -1;
-    switch (*end) {
-    case 'k': case 'K': mult = 1ull << 10; end++; break;
-    case 'm': case 'M': mult = 1ull << 20; end++; break;
-    case 'g': case 'G': mult = 1ull << 30; end++; break;
-    default: break;
-    }
-    if (*end != '\0' || v > SIZE_MAX / 4 / mult)
-        return -1;
-    *out = (size_t)(v * mult);
+    *out = v;
     return 0;
 }
 

@@ -88,7 +88,7 @@ static weft_status_t perf_fail(perf_ctx_t *ctx, const char *what, weft_status_t 
             return perf_fail((ctx), (what), st_);                                             \
     } while (0)
 
-static int parse_size(const char *s, size_t *out)
+int perf_parse_size(const char *s, size_t *out)
 {
     char *end;
     if (*s < '0' || *s > '9')
@@ -168,9 +168,9 @@ static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_
     while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:d:o:r:z:a:J:h", longopts, NULL)) != -1) {
         const char *bad = NULL;
         switch (c) {
-        case 'b': if (parse_size(optarg, &o->minbytes)) bad = "-b wants a size like 8, 64K, 32M"; break;
-        case 'e': if (parse_size(optarg, &o->maxbytes)) bad = "-e wants a size like 8, 64K, 32M"; break;
-        case 'i': if (parse_size(optarg, &o->stepbytes)) bad = "-i wants a size like 1M"; break;
+        case 'b': if (perf_parse_size(optarg, &o->minbytes)) bad = "-b wants a size like 8, 64K, 32M"; break;
+        case 'e': if (perf_parse_size(optarg, &o->maxbytes)) bad = "-e wants a size like 8, 64K, 32M"; break;
+        case 'i': if (perf_parse_size(optarg, &o->stepbytes)) bad = "-i wants a size like 1M"; break;
         case 'f': if (parse_int(optarg, 1, 1 << 20, &o->stepfactor)) bad = "-f wants an integer >= 1"; break;
         case 'n': if (parse_int(optarg, 1, 1 << 30, &v)) bad = "-n wants an integer >= 1"; else o->iters = (int)v; break;
         case 'w': if (parse_int(optarg, 0, 1 << 30, &v)) bad = "-w wants an integer >= 0"; else o->warmup = (int)v; break;

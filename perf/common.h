@@ -48,6 +48,10 @@ typedef struct {
     weft_status_t (*run)(const perf_call_t *call, weft_comm_t comm);
 } perf_coll_t;
 
+/* "8", "64K", "32M", "1G" (powers of 1024) -> bytes; 0, or -1 when it is
+ * not such a size or overflows size_t. */
+int perf_parse_size(const char *s, size_t *out);
+
 /* Parses argv, runs the benchmark, returns the process exit status:
  * 0 when every call succeeded and no value was wrong. */
 int perf_main(const perf_coll_t *coll, int argc, char **argv);
