@@ -299,8 +299,7 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
             .coll = args->coll, .rank = comm->rank, .nranks = comm->nranks,
             .root = args->root, .count = args->count,
             .chunk = WEFT_MAX(eng->chunk_bytes / esize, 1),
-            .algo = weft_tune_pick(comm->algos, args->coll, comm->nranks, args->count * esize,
-                                   WEFT_MAX(eng->chunk_bytes / esize, 1) * esize),
+            .algo = weft_tune_pick(comm->algos, args->coll, comm->nranks, args->count * esize),
         };
         pthread_mutex_lock(&eng->mu);
         st = sched_get(eng, &d, &op->ent);

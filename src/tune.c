@@ -48,7 +48,7 @@ static double cost(int algo, int p, double n)
     return rounds * (ALPHA + n * BETA) + (lg + (pof2 != p)) * n * GAMMA;
 }
 
-int weft_tune_pick(unsigned mask, int coll, int nranks, size_t bytes, size_t chunk_bytes)
+int weft_tune_pick(unsigned mask, int coll, int nranks, size_t bytes)
 {
     if (nranks < 2)
         return WEFT_ALGO_RING;
@@ -59,7 +59,6 @@ int weft_tune_pick(unsigned mask, int coll, int nranks, size_t bytes, size_t chu
      * cores, both move the same bytes and the chain measured faster from
      * 8 KiB (4 ranks) and at every size with 8 ranks.  Choosing it needs
      * the per-link costs and core counts, not a rank count alone. */
-    (void)chunk_bytes;
     if (coll == WEFT_COLL_BROADCAST && (mask & (1u << WEFT_ALGO_TREE)) &&
         !(mask & (1u << WEFT_ALGO_RING)))
         return WEFT_ALGO_TREE;

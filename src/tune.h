@@ -11,10 +11,9 @@
  * weft_algo; an empty spec allows all.  Unknown names and a spec that
  * leaves nothing are errors with a message. */
 weft_status_t weft_tune_parse_algo(const char *spec, unsigned *mask) WEFT_HIDDEN;
-/* The algorithm for one call of coll moving bytes (per rank) over nranks
- * in steps of chunk_bytes.  An algorithm in mask that cannot serve coll is
- * passed over; when none can, the ring (it serves every collective). */
-int weft_tune_pick(unsigned mask, int coll, int nranks, size_t bytes,
-                   size_t chunk_bytes) WEFT_HIDDEN;
+/* The algorithm for one call of coll moving bytes (per rank) over nranks.
+ * An algorithm in mask that cannot serve coll is passed over; when none
+ * can, the ring (it serves every collective). */
+int weft_tune_pick(unsigned mask, int coll, int nranks, size_t bytes) WEFT_HIDDEN;
 
 #endif /* WEFT_TUNE_H */

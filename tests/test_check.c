@@ -506,8 +506,7 @@ static uint64_t schedule_sends(weft_comm_t comm, const struct call *c)
     struct weft_coll_desc d = {
         .coll = c->coll, .rank = comm->rank, .nranks = comm->nranks, .root = c->root,
         .count = c->count, .chunk = c->count * (size_t)comm->nranks + 1,
-        .algo = weft_tune_pick(comm->algos, c->coll, comm->nranks, c->count * esize,
-                               (c->count * (size_t)comm->nranks + 1) * esize),
+        .algo = weft_tune_pick(comm->algos, c->coll, comm->nranks, c->count * esize),
     };
     struct weft_schedule s;
     weft_sched_init(&s);

@@ -603,28 +603,27 @@ static int check_algo(struct tc *c, const struct job *jb)
     static const size_t sizes[] = {0, 4, 8 * LARGE, (size_t)1 << 30};
     /* The forced algorithm runs every call it serves (tree: broadcasts;
      * rd: allreduces; ring: all); the others fall back to the ring. */
-    const size_t chunk = 512 * 1024;
     int forced_coll = jb->force == WEFT_ALGO_TREE ? WEFT_COLL_BROADCAST : WEFT_COLL_ALLREDUCE;
     for (size_t i = 0; jb->force >= 0 && i < WEFT_ARRAY_SIZE(sizes); i++) {
-        int got = weft_tune_pick(c->comm->algos, forced_coll, c->p, sizes[i], chunk);
+        int got = weft_tune_pick(c->comm->algos, forced_coll, c->p, sizes[i]);
         if (got != jb->force)
             return weft_test_fail(c->rank, "WEFT_ALGO=%s: a %s of %zu bytes runs %s", seen,
                                   weft_coll_name(forced_coll), sizes[i], weft_algo_name(got));
         int other = jb->force == WEFT_ALGO_TREE ? WEFT_COLL_ALLREDUCE : WEFT_COLL_ALLGATHER;
         if (jb->force != WEFT_ALGO_RING &&
-            weft_tune_pick(c->comm->algos, other, c->p, sizes[i], chunk) != WEFT_ALGO_RING)
+            weft_tune_pick(c->comm->algos, other, c->p, sizes[i]) != WEFT_ALGO_RING)
             return weft_test_fail(c->rank, "WEFT_ALGO=%s: a %s does not fall back to the ring",
                                   seen, weft_coll_name(other));
     }
     if (jb->force < 0) {
-        int small = weft_tune_pick(all, WEFT_COLL_ALLREDUCE, c->p, 1001 * 4, chunk);
-        int big = weft_tune_pick(all, WEFT_COLL_ALLREDUCE, c->p, (size_t)1 << 30, chunk);
+        int small = weft_tune_pick(all, WEFT_COLL_ALLREDUCE, c->p, 1001 * 4);
+        int big = weft_tune_pick(all, WEFT_COLL_ALLREDUCE, c->p, (size_t)1 << 30);
         if (small != WEFT_ALGO_RD || big != WEFT_ALGO_RING)
             return weft_test_fail(c->rank, "the cost model picks %s for 4004 bytes and %s for "
                                   "1 GiB: the default jobs would not run both algorithms",
                                   weft_algo_name(small), weft_algo_name(big));
         /* Broadcast: the tree only when forced (see src/tune.c). */
-        int bsmall = weft_tune_pick(all, WEFT_COLL_BROADCAST, c->p, 4, chunk);
+        int bsmall = weft_tune_pick(all, WEFT_COLL_BROADCAST, c->p, 4);
         if (bsmall != WEFT_ALGO_RING)
             return weft_test_fail(c->rank, "a 4-byte broadcast on %d ranks runs %s", c->p,
                                   weft_algo_name(bsmall));
