@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 void weft_sched_init(struct weft_schedule *s)
 {
@@ -97,22 +98,52 @@ size_t weft_coll_recv_count(const struct weft_coll_desc *d)
     }
 }
 
+static const char *const algo_names[WEFT_ALGO_COUNT] = {
+    [WEFT_ALGO_RING] = "ring", [WEFT_ALGO_TREE] = "tree", [WEFT_ALGO_RHD] = "rhd",
+    [WEFT_ALGO_DIRECT] = "direct", [WEFT_ALGO_HIER] = "hier",
+};
+
 const char *weft_algo_name(int algo)
 {
-    switch (algo) {
-    case WEFT_ALGO_RING: return "ring";
-    case WEFT_ALGO_RD: return "rd";
-    case WEFT_ALGO_TREE: return "tree";
-    default: return "unknown";
-    }
+    if (algo < 0 || algo >= WEFT_ALGO_COUNT)
+        return "unknown";
+    return algo_names[algo];
+}
+
+int weft_algo_from_name(const char *name, size_t len)
+{
+    for (int a = 0; a < WEFT_ALGO_COUNT; a++)
+        if (strncasecmp(name, algo_names[a], len) == 0 && algo_names[a][len] == '\0')
+            return a;
+    return -1;
+}
+
+/* Bit c: the variant builds collective c. */
+#define C(x) (1u << WEFT_COLL_##x)
+static const unsigned serves[WEFT_ALGO_COUNT][WEFT_VAR_COUNT] = {
+    [WEFT_ALGO_RING] = {C(ALLREDUCE) | C(REDUCE_SCATTER) | C(ALLGATHER) | C(BROADCAST) | C(REDUCE)},
+    [WEFT_ALGO_TREE] = {0, C(BROADCAST)},
+    [WEFT_ALGO_RHD] = {0, C(ALLREDUCE)},
+};
+#undef C
+
+bool weft_algo_serves(int algo, int variant, int coll)
+{
+    if (algo < 0 || algo >= WEFT_ALGO_COUNT || variant < 0 || variant >= WEFT_VAR_COUNT ||
+        coll < 0 || coll >= WEFT_COLL_COUNT)
+        return false;
+    return (serves[algo][variant] >> coll) & 1u;
 }
 
 weft_status_t weft_sched_build(const struct weft_coll_desc *d, struct weft_schedule *s)
 {
+    if (!weft_algo_serves(d->algo, d->variant, d->coll))
+        return weft_error(NULL, WEFT_ERR_UNSUPPORTED, "schedule: %s (variant %d) builds no %s",
+                          weft_algo_name(d->algo), d->variant, weft_coll_name(d->coll));
     switch (d->algo) {
     case WEFT_ALGO_RING: return weft_ring_build(d, s);
-    case WEFT_ALGO_RD: return weft_rd_build(d, s);
     case WEFT_ALGO_TREE: return weft_tree_build(d, s);
+    case WEFT_ALGO_RHD: return weft_rd_build(d, s);
     default:
         return weft_error(NULL, WEFT_ERR_INVALID_ARG, "schedule: unknown algorithm %d", d->algo);
     }

@@ -10,6 +10,7 @@
 #ifndef WEFT_SCHEDULE_H
 #define WEFT_SCHEDULE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,8 +60,32 @@ struct weft_schedule {
     size_t scratch_count; /* elements of WEFT_BUF_SCRATCH the schedule uses */
 };
 
-enum weft_algo { WEFT_ALGO_RING = 0, WEFT_ALGO_RD, WEFT_ALGO_TREE, WEFT_ALGO_COUNT };
+/* The algorithm families; names (weft_algo_name) are the ones WEFT_ALGO,
+ * the perf tools' -a, weft-info and the logs use. */
+enum weft_algo {
+    WEFT_ALGO_RING = 0, /* "ring": rings and pipelined chains */
+    WEFT_ALGO_TREE,     /* "tree": double binary tree; binomial tree */
+    WEFT_ALGO_RHD,      /* "rhd": recursive halving/doubling, Rabenseifner, scatter+allgather */
+    WEFT_ALGO_DIRECT,   /* "direct": every pair at once (small rank counts) */
+    WEFT_ALGO_HIER,     /* "hier": within each node, among nodes, within each node */
+    WEFT_ALGO_COUNT
+};
 const char *weft_algo_name(int algo) WEFT_HIDDEN;
+/* The name's algorithm (case-insensitive), or -1. */
+int weft_algo_from_name(const char *name, size_t len) WEFT_HIDDEN;
+
+/* Variants: one family may build more than one schedule for a collective;
+ * selection weighs each.  0 is a family's default. */
+enum {
+    WEFT_VAR_DEFAULT = 0,
+    WEFT_VAR_RHD_RABENSEIFNER = 0, /* rhd allreduce: halving reduce-scatter + doubling allgather */
+    WEFT_VAR_RHD_DOUBLING = 1,     /* rhd allreduce: whole vector exchanged log2(p) times */
+    WEFT_VAR_TREE_DOUBLE = 0,      /* tree: two complementary binary trees, half the data each */
+    WEFT_VAR_TREE_BINOMIAL = 1,    /* tree broadcast/reduce: one binomial tree */
+    WEFT_VAR_HIER_RING = 0,        /* hier: the node leaders' step as a ring */
+    WEFT_VAR_HIER_RHD = 1,         /* hier: the node leaders' step as rhd */
+    WEFT_VAR_COUNT = 2
+};
 
 /* What a schedule is built for.  count means: allreduce, broadcast, reduce:
  * elements per rank; reduce_scatter: recvcount; allgather: sendcount. */
@@ -71,7 +96,15 @@ struct weft_coll_desc {
     size_t count;
     size_t chunk;     /* most elements one step may carry (>= 1) */
     int algo;         /* enum weft_algo */
+    int variant;      /* WEFT_VAR_* of algo */
+    int ordered;      /* deterministic mode: every element combined as
+                         x0 op x1 op ... op x(p-1), left to right */
+    const int *node;  /* hier: node[r] in [0, nnodes) for each rank; NULL: one node */
+    int nnodes;
 };
+
+/* Whether algo's variant builds a schedule for coll (on any rank count). */
+bool weft_algo_serves(int algo, int variant, int coll) WEFT_HIDDEN;
 
 void weft_sched_init(struct weft_schedule *s) WEFT_HIDDEN;
 void weft_sched_free(struct weft_schedule *s) WEFT_HIDDEN;
@@ -82,10 +115,10 @@ int32_t weft_sched_add(struct weft_schedule *s, const struct weft_step *st) WEFT
 size_t weft_coll_send_count(const struct weft_coll_desc *d) WEFT_HIDDEN;
 size_t weft_coll_recv_count(const struct weft_coll_desc *d) WEFT_HIDDEN;
 
-/* Builds d->algo's schedule (ring, rd or tree). */
+/* Builds d->algo's schedule (its variant d->variant). */
 weft_status_t weft_sched_build(const struct weft_coll_desc *d, struct weft_schedule *s) WEFT_HIDDEN;
 
-/* Recursive doubling allreduce (algorithms/rd.c): log2(p) exchanges of the
+/* Recursive doubling allreduce (algorithms/rd.c; rhd's WEFT_VAR_RHD_DOUBLING): log2(p) exchanges of the
  * whole vector, non-powers of two folded in and out; partners combine in
  * the same operand order, so every rank's result is bitwise identical. */
 weft_status_t weft_rd_build(const struct weft_coll_desc *d, struct weft_schedule *s) WEFT_HIDDEN;

@@ -24,7 +24,7 @@ struct weft_fingerprint {
     int32_t dtype;    /* weft_dtype_t */
     int32_t op;       /* weft_op_t; 0 where the collective does not reduce */
     int32_t root;     /* 0 where the collective has no root */
-    int32_t algo;     /* enum weft_algo */
+    int32_t algo;     /* enum weft_algo | variant << 8 | ordered << 12 */
     uint64_t seq;     /* collectives issued on the communicator before this one */
     uint64_t count;   /* elements, as passed to the call */
     uint64_t chunk;   /* bytes one pipelined step carries */

@@ -377,8 +377,8 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
 {
     weft_status_t st;
     struct rank_info *all = NULL;
-    unsigned algos;
-    weft_status_t ast = weft_tune_parse_algo(weft_param_str("WEFT_ALGO"), &algos);
+    unsigned algos[WEFT_COLL_COUNT];
+    weft_status_t ast = weft_tune_parse_algo(weft_param_str("WEFT_ALGO"), algos);
     const char *asrc = weft_param_source("WEFT_ALGO");
     if (ast != WEFT_OK && asrc && strcmp(asrc, "WEFT_ALGO") != 0) {
         /* NCCL_ALGO may name algorithms only NCCL has (NVLS, CollNet...;
@@ -388,14 +388,14 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
         if (!atomic_exchange(&warned, 1))
             WEFT_WARN(WEFT_SUB_INIT, "%s=%s: %s; ignoring it", asrc,
                       weft_param_str("WEFT_ALGO"), weft_thread_last_error());
-        weft_tune_parse_algo("", &algos);
+        weft_tune_parse_algo("", algos);
         ast = WEFT_OK;
     }
     WEFT_CHECK(ast);
     struct weft_comm *comm = calloc(1, sizeof(*comm));
     if (comm == NULL)
         return weft_error(NULL, WEFT_ERR_NO_MEMORY, "cannot allocate a communicator");
-    comm->algos = algos;
+    memcpy(comm->algos, algos, sizeof(algos));
     comm->rescue_fd = -1;
     pthread_mutex_init(&comm->err_mu, NULL);
     comm->rank = rank;

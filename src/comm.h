@@ -11,6 +11,7 @@
 #include "internal.h"
 #include "sock.h"
 #include "topo.h"
+#include "algorithms/schedule.h"
 
 #define WEFT_ERRMSG_LEN 512
 #define WEFT_MAX_TRANSPORTS 2
@@ -30,7 +31,7 @@ struct weft_comm {
     uint64_t job;                      /* identity, covered by every handshake */
     uint8_t secret[16];
     uint64_t timeout_ns;               /* WEFT_TIMEOUT_MS */
-    unsigned algos;                    /* WEFT_ALGO: mask of enum weft_algo */
+    unsigned algos[WEFT_COLL_COUNT];   /* WEFT_ALGO: per collective, a mask of enum weft_algo */
     struct weft_bootstrap *bs;
     /* The transports this rank opened (tcp always; shm when a peer shares
      * this host) and, per peer, the one that carries its bytes. */

@@ -129,6 +129,7 @@ void weft_engine_destroy(struct weft_engine *eng)
 static bool desc_equal(const struct weft_coll_desc *a, const struct weft_coll_desc *b)
 {
     return a->coll == b->coll && a->count == b->count && a->root == b->root && a->algo == b->algo &&
+           a->variant == b->variant && a->ordered == b->ordered && a->node == b->node &&
            a->chunk == b->chunk && a->nranks == b->nranks && a->rank == b->rank;
 }
 
@@ -262,7 +263,8 @@ static weft_status_t check_op_new(struct weft_comm *comm, struct weft_op *op,
     WEFT_CHECK(op_reserve(c, c->s->nsteps));
     memset(c->st, ST_PENDING, c->s->nsteps);
     memset(c->fps, 0, (size_t)comm->nranks * sizeof(*c->fps));
-    weft_fp_fill(&c->fps[comm->rank], &op->a, d->algo, d->chunk * op->esize);
+    weft_fp_fill(&c->fps[comm->rank], &op->a, d->algo | d->variant << 8 | (d->ordered != 0) << 12,
+                 d->chunk * op->esize);
     c->a.sendbuf = &c->fps[comm->rank];
     c->a.recvbuf = c->fps;
     return WEFT_OK;
@@ -299,8 +301,11 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
             .coll = args->coll, .rank = comm->rank, .nranks = comm->nranks,
             .root = args->root, .count = args->count,
             .chunk = WEFT_MAX(eng->chunk_bytes / esize, 1),
-            .algo = weft_tune_pick(comm->algos, args->coll, comm->nranks, args->count * esize),
         };
+        struct weft_plan pl = weft_tune_pick(comm->algos[args->coll], args->coll, comm->nranks,
+                                             args->count * esize);
+        d.algo = pl.algo;
+        d.variant = pl.variant;
         pthread_mutex_lock(&eng->mu);
         st = sched_get(eng, &d, &op->ent);
         pthread_mutex_unlock(&eng->mu);

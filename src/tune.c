@@ -17,27 +17,85 @@
 #define BETA (1.0 / 2.5e9)
 #define GAMMA (1.0 / 10e9)
 
-weft_status_t weft_tune_parse_algo(const char *spec, unsigned *mask)
+int weft_tune_coll_from_name(const char *name, size_t len)
 {
-    const char *names[WEFT_ALGO_COUNT];
-    for (int a = 0; a < WEFT_ALGO_COUNT; a++)
-        names[a] = weft_algo_name(a);
-    char bad[64];
-    if (!weft_parse_mask(spec, names, WEFT_ALGO_COUNT, mask, bad, sizeof(bad)))
-        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
-                                "WEFT_ALGO=%s: unknown algorithm '%s' (available: ring, rd, tree)",
-                                spec, bad);
-    /* A call no allowed algorithm serves runs the ring (weft_tune_pick). */
-    if (*mask == 0)
-        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
-                                "WEFT_ALGO=%s leaves no algorithm (available: ring, rd, tree)",
-                                spec);
+    static const char *const names[] = {
+        [WEFT_COLL_ALLREDUCE] = "allreduce", [WEFT_COLL_REDUCE_SCATTER] = "reducescatter",
+        [WEFT_COLL_ALLGATHER] = "allgather", [WEFT_COLL_BROADCAST] = "broadcast",
+        [WEFT_COLL_REDUCE] = "reduce",
+    };
+    for (int c = 0; c < (int)WEFT_ARRAY_SIZE(names); c++)
+        if (strncasecmp(name, names[c], len) == 0 && names[c][len] == '\0')
+            return c;
+    return -1;
+}
+
+/* One list ("ring,tree", "^tree") -> mask; false with the bad name. */
+static bool parse_list(const char *tok, size_t len, unsigned *mask, char *bad, size_t badlen)
+{
+    unsigned all = (1u << WEFT_ALGO_COUNT) - 1, named = 0;
+    bool exclude = len > 0 && tok[0] == '^';
+    for (size_t i = exclude; i < len;) {
+        size_t n = 0;
+        while (i + n < len && tok[i + n] != ',')
+            n++;
+        if (n > 0) {
+            int a = weft_algo_from_name(tok + i, n);
+            if (a < 0) {
+                snprintf(bad, badlen, "%.*s", (int)WEFT_MIN(n, (size_t)60), tok + i);
+                return false;
+            }
+            named |= 1u << a;
+        }
+        i += n + 1;
+    }
+    *mask = exclude ? all & ~named : named;
+    return true;
+}
+
+weft_status_t weft_tune_parse_algo(const char *spec, unsigned masks[WEFT_COLL_COUNT])
+{
+    unsigned m[WEFT_COLL_COUNT];
+    for (int c = 0; c < WEFT_COLL_COUNT; c++)
+        m[c] = (1u << WEFT_ALGO_COUNT) - 1;
+    for (const char *e = spec ? spec : ""; *e;) {
+        size_t len = strcspn(e, ";");
+        const char *colon = memchr(e, ':', len);
+        int coll = -1;
+        const char *list = e;
+        if (colon) {
+            coll = weft_tune_coll_from_name(e, (size_t)(colon - e));
+            if (coll < 0)
+                return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                        "WEFT_ALGO=%s: unknown collective '%.*s' (available: "
+                                        "allreduce, reducescatter, allgather, broadcast, reduce)",
+                                        spec, (int)WEFT_MIN((size_t)(colon - e), (size_t)60), e);
+            list = colon + 1;
+        }
+        size_t llen = len - (size_t)(list - e);
+        char bad[64];
+        unsigned mask;
+        if (!parse_list(list, llen, &mask, bad, sizeof(bad)))
+            return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                    "WEFT_ALGO=%s: unknown algorithm '%s' (available: ring, "
+                                    "tree, rhd, direct, hier)", spec, bad);
+        if (mask == 0 && llen > 0)
+            return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                    "WEFT_ALGO=%s: '%.*s' leaves no algorithm (available: ring, "
+                                    "tree, rhd, direct, hier)", spec, (int)WEFT_MIN(len, (size_t)60), e);
+        if (llen > 0)
+            for (int c = 0; c < WEFT_COLL_COUNT; c++)
+                if (coll < 0 || c == coll)
+                    m[c] = mask;
+        e += len + (e[len] == ';');
+    }
+    memcpy(masks, m, sizeof(m));
     return WEFT_OK;
 }
 
-static double cost(int algo, int p, double n)
+static double cost(struct weft_plan pl, int p, double n)
 {
-    if (algo == WEFT_ALGO_RING) /* reduce-scatter + allgather */
+    if (pl.algo == WEFT_ALGO_RING) /* reduce-scatter + allgather */
         return 2.0 * (p - 1) * (ALPHA + n / p * BETA) + (p - 1) * n / p * GAMMA;
     int lg = 0, pof2 = 1;
     while (pof2 * 2 <= p) {
@@ -48,10 +106,13 @@ static double cost(int algo, int p, double n)
     return rounds * (ALPHA + n * BETA) + (lg + (pof2 != p)) * n * GAMMA;
 }
 
-int weft_tune_pick(unsigned mask, int coll, int nranks, size_t bytes)
+struct weft_plan weft_tune_pick(unsigned mask, int coll, int nranks, size_t bytes)
 {
+    const struct weft_plan ring = {WEFT_ALGO_RING, 0};
+    const struct weft_plan rd = {WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING};
+    const struct weft_plan binomial = {WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL};
     if (nranks < 2)
-        return WEFT_ALGO_RING;
+        return ring;
     /* tree exists for broadcast only, rd for allreduce only; the ring runs
      * everything, so a call nothing allowed can serve falls back to it. */
     /* The binomial tree (ceil(log2 p) hops against the chain's p - 1) is
@@ -61,12 +122,10 @@ int weft_tune_pick(unsigned mask, int coll, int nranks, size_t bytes)
      * the per-link costs and core counts, not a rank count alone. */
     if (coll == WEFT_COLL_BROADCAST && (mask & (1u << WEFT_ALGO_TREE)) &&
         !(mask & (1u << WEFT_ALGO_RING)))
-        return WEFT_ALGO_TREE;
-    if (coll != WEFT_COLL_ALLREDUCE || !(mask & (1u << WEFT_ALGO_RD)))
-        return WEFT_ALGO_RING;
+        return binomial;
+    if (coll != WEFT_COLL_ALLREDUCE || !(mask & (1u << WEFT_ALGO_RHD)))
+        return ring;
     if (!(mask & (1u << WEFT_ALGO_RING)))
-        return WEFT_ALGO_RD;
-    return cost(WEFT_ALGO_RD, nranks, (double)bytes) < cost(WEFT_ALGO_RING, nranks, (double)bytes)
-               ? WEFT_ALGO_RD
-               : WEFT_ALGO_RING;
+        return rd;
+    return cost(rd, nranks, (double)bytes) < cost(ring, nranks, (double)bytes) ? rd : ring;
 }

@@ -65,7 +65,7 @@ static bool fail(struct sim *sm, const char *fmt, ...)
     else if (!sm->buffered)
         snprintf(how, sizeof(how), ", unlimited staging");
     int n = snprintf(sm->err, sizeof(sm->err), "%s %s p=%d root=%d count=%zu %s%s: ",
-                     weft_algo_name(sm->algo), weft_coll_name(sm->coll), sm->p, sm->root,
+                     weft_algo_name(PLAN_ALGO(sm->algo)), weft_coll_name(sm->coll), sm->p, sm->root,
                      sm->count, sm->inplace ? "in place" : "out of place", how);
     va_list ap;
     va_start(ap, fmt);
@@ -673,7 +673,7 @@ static bool check_outputs(struct sim *sm)
          * (or, folded out, receives it), so the ranks' values must be the
          * same expression tree; the origin is left out of the comparison. */
         if (ok && sm->coll == WEFT_COLL_ALLREDUCE) {
-            bool rd = sm->algo == WEFT_ALGO_RD;
+            bool rd = PLAN_ALGO(sm->algo) == WEFT_ALGO_RHD;
             struct runs *cur = &sm->rb;
             cur->n = 0;
             for (size_t k = 0; k < sm->ra.n; k++) {
@@ -774,7 +774,7 @@ bool simulate(int algo, int coll, int p, int root, size_t count, struct weft_sch
         sm->count = count;
         sm->inplace = mode == 1;
         for (int rank = 0; rank < p; rank++) {
-            struct weft_coll_desc d = { coll, rank, p, root, count, 1, algo };
+            struct weft_coll_desc d = { coll, rank, p, root, count, 1, PLAN_ALGO(algo), PLAN_VAR(algo), 0, NULL, 0 };
             sm->r[rank].s = &sch[rank];
             layout(sm, rank, &d, sch[rank].scratch_count);
         }

@@ -36,6 +36,13 @@
 
 #define MAXP 64
 
+/* The tests name a schedule by one int, algo | variant << 8. */
+#define PLAN(a, v) ((a) | (v) << 8)
+#define PLAN_ALGO(x) ((x) & 0xff)
+#define PLAN_VAR(x) ((x) >> 8)
+#define PLAN_RD PLAN(WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING)
+#define PLAN_BINOMIAL PLAN(WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL)
+
 /* verify's slots: a staging slot count, or one of these. */
 #define SLOTS_UNLIMITED 0 /* unbuffered, any number of receive-reduces in flight */
 #define SLOTS_BUFFERED (-1) /* buffered sends: see struct sim */

@@ -506,8 +506,11 @@ static uint64_t schedule_sends(weft_comm_t comm, const struct call *c)
     struct weft_coll_desc d = {
         .coll = c->coll, .rank = comm->rank, .nranks = comm->nranks, .root = c->root,
         .count = c->count, .chunk = c->count * (size_t)comm->nranks + 1,
-        .algo = weft_tune_pick(comm->algos, c->coll, comm->nranks, c->count * esize),
     };
+    struct weft_plan pl = weft_tune_pick(comm->algos[c->coll], c->coll, comm->nranks,
+                                         c->count * esize);
+    d.algo = pl.algo;
+    d.variant = pl.variant;
     struct weft_schedule s;
     weft_sched_init(&s);
     uint64_t n = 0;
@@ -640,7 +643,7 @@ Test(check_verify, plan_and_sequence_and_garbage)
     struct call ar = {WEFT_COLL_ALLREDUCE, 8, WEFT_FLOAT32, WEFT_SUM, 0};
     /* Same call, different plan: ranks were given different WEFT_ALGO. */
     fill(fp, 2, &ar);
-    fp[1].algo = WEFT_ALGO_RD;
+    fp[1].algo = WEFT_ALGO_RHD;
     cr_assert_eq(weft_check_verify(c, fp), WEFT_ERR_MISMATCH);
     cr_expect(strstr(c->last_error, "rank 0 runs it with ring and 524288-byte chunks but rank 1 "
                                     "with rd and 524288-byte chunks (WEFT_ALGO or "

@@ -595,38 +595,30 @@ static int check_algo(struct tc *c, const struct job *jb)
                               jb->algo ? jb->algo : "");
     unsigned all = (1u << WEFT_ALGO_COUNT) - 1;
     unsigned want = jb->force < 0 ? all : 1u << jb->force;
-    if (c->comm->algos != want)
-        return weft_test_fail(c->rank, "WEFT_ALGO=%s: the communicator allows algorithms 0x%x, "
-                              "expected 0x%x", seen, c->comm->algos, want);
+    for (int coll = 0; coll < WEFT_COLL_SEND; coll++)
+        if (c->comm->algos[coll] != want)
+            return weft_test_fail(c->rank, "WEFT_ALGO=%s: the communicator allows algorithms "
+                                  "0x%x for %s, expected 0x%x", seen, c->comm->algos[coll],
+                                  weft_coll_name(coll), want);
     if (c->p == 1)
         return 0; /* one rank: nothing to choose */
     static const size_t sizes[] = {0, 4, 8 * LARGE, (size_t)1 << 30};
-    /* The forced algorithm runs every call it serves (tree: broadcasts;
-     * rd: allreduces; ring: all); the others fall back to the ring. */
-    int forced_coll = jb->force == WEFT_ALGO_TREE ? WEFT_COLL_BROADCAST : WEFT_COLL_ALLREDUCE;
+    /* The forced algorithm runs every call it serves; the others fall back. */
     for (size_t i = 0; jb->force >= 0 && i < WEFT_ARRAY_SIZE(sizes); i++) {
-        int got = weft_tune_pick(c->comm->algos, forced_coll, c->p, sizes[i]);
-        if (got != jb->force)
-            return weft_test_fail(c->rank, "WEFT_ALGO=%s: a %s of %zu bytes runs %s", seen,
-                                  weft_coll_name(forced_coll), sizes[i], weft_algo_name(got));
-        int other = jb->force == WEFT_ALGO_TREE ? WEFT_COLL_ALLREDUCE : WEFT_COLL_ALLGATHER;
-        if (jb->force != WEFT_ALGO_RING &&
-            weft_tune_pick(c->comm->algos, other, c->p, sizes[i]) != WEFT_ALGO_RING)
-            return weft_test_fail(c->rank, "WEFT_ALGO=%s: a %s does not fall back to the ring",
-                                  seen, weft_coll_name(other));
-    }
-    if (jb->force < 0) {
-        int small = weft_tune_pick(all, WEFT_COLL_ALLREDUCE, c->p, 1001 * 4);
-        int big = weft_tune_pick(all, WEFT_COLL_ALLREDUCE, c->p, (size_t)1 << 30);
-        if (small != WEFT_ALGO_RD || big != WEFT_ALGO_RING)
-            return weft_test_fail(c->rank, "the cost model picks %s for 4004 bytes and %s for "
-                                  "1 GiB: the default jobs would not run both algorithms",
-                                  weft_algo_name(small), weft_algo_name(big));
-        /* Broadcast: the tree only when forced (see src/tune.c). */
-        int bsmall = weft_tune_pick(all, WEFT_COLL_BROADCAST, c->p, 4);
-        if (bsmall != WEFT_ALGO_RING)
-            return weft_test_fail(c->rank, "a 4-byte broadcast on %d ranks runs %s", c->p,
-                                  weft_algo_name(bsmall));
+        for (int coll = 0; coll < WEFT_COLL_SEND; coll++) {
+            struct weft_plan got = weft_tune_pick(c->comm->algos[coll], coll, c->p, sizes[i]);
+            bool serves = false;
+            for (int v = 0; v < WEFT_VAR_COUNT; v++)
+                serves |= weft_algo_serves(jb->force, v, coll);
+            if (serves && got.algo != jb->force)
+                return weft_test_fail(c->rank, "WEFT_ALGO=%s: a %s of %zu bytes runs %s", seen,
+                                      weft_coll_name(coll), sizes[i], weft_algo_name(got.algo));
+            if (!weft_algo_serves(got.algo, got.variant, coll))
+                return weft_test_fail(c->rank, "WEFT_ALGO=%s: a %s of %zu bytes gets %s "
+                                      "(variant %d), which cannot run it", seen,
+                                      weft_coll_name(coll), sizes[i], weft_algo_name(got.algo),
+                                      got.variant);
+        }
     }
     return 0;
 }
@@ -781,20 +773,20 @@ Test(coll, ranks_2_chunk_256, .timeout = 200)
 
 /* The allreduce matrix, bitwise identity and operand order under each
  * algorithm forced (rd serves allreduce only, the others fall back to the
- * ring).  "^rd,tree" is the exclusion syntax for the same thing as "ring".
+ * ring).  "^rhd,tree,direct,hier" is the exclusion syntax for the same thing as "ring".
  * The tree serves broadcast only: the whole matrix (every broadcast root,
  * size and dtype) runs with it forced. */
 #define ALGO_PARTS "allreduce,bitwise,nan"
-Test(algo, rd_2, .timeout = 200) { run_job(2, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS); }
-Test(algo, rd_3, .timeout = 200) { run_job(3, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS); }
-Test(algo, rd_4, .timeout = 200) { run_job(4, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS); }
-Test(algo, rd_5, .timeout = 200) { run_job(5, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS); }
-Test(algo, rd_7, .timeout = 200) { run_job(7, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS); }
-Test(algo, rd_8, .timeout = 200) { run_job(8, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS); }
+Test(algo, rd_2, .timeout = 200) { run_job(2, 180, "rhd", WEFT_ALGO_RHD, ALGO_PARTS); }
+Test(algo, rd_3, .timeout = 200) { run_job(3, 180, "rhd", WEFT_ALGO_RHD, ALGO_PARTS); }
+Test(algo, rd_4, .timeout = 200) { run_job(4, 180, "rhd", WEFT_ALGO_RHD, ALGO_PARTS); }
+Test(algo, rd_5, .timeout = 200) { run_job(5, 180, "rhd", WEFT_ALGO_RHD, ALGO_PARTS); }
+Test(algo, rd_7, .timeout = 200) { run_job(7, 180, "rhd", WEFT_ALGO_RHD, ALGO_PARTS); }
+Test(algo, rd_8, .timeout = 200) { run_job(8, 180, "rhd", WEFT_ALGO_RHD, ALGO_PARTS); }
 Test(algo, ring_2, .timeout = 200) { run_job(2, 180, "ring", WEFT_ALGO_RING, ALGO_PARTS); }
-Test(algo, ring_3, .timeout = 200) { run_job(3, 180, "^rd,tree", WEFT_ALGO_RING, ALGO_PARTS); }
+Test(algo, ring_3, .timeout = 200) { run_job(3, 180, "^rhd,tree,direct,hier", WEFT_ALGO_RING, ALGO_PARTS); }
 Test(algo, ring_4, .timeout = 200) { run_job(4, 180, "ring", WEFT_ALGO_RING, ALGO_PARTS); }
-Test(algo, ring_5, .timeout = 200) { run_job(5, 180, "^rd,tree", WEFT_ALGO_RING, ALGO_PARTS); }
+Test(algo, ring_5, .timeout = 200) { run_job(5, 180, "^rhd,tree,direct,hier", WEFT_ALGO_RING, ALGO_PARTS); }
 Test(algo, ring_7, .timeout = 200) { run_job(7, 180, "ring", WEFT_ALGO_RING, ALGO_PARTS); }
 Test(algo, ring_8, .timeout = 200) { run_job(8, 180, "ring", WEFT_ALGO_RING, ALGO_PARTS); }
 
@@ -804,7 +796,7 @@ Test(algo, rd_5_chunk_4k_slots_2, .timeout = 200)
 {
     setenv("WEFT_CHUNK_SIZE", "4096", 1);
     setenv("WEFT_STAGING_SLOTS", "2", 1);
-    run_job(5, 180, "rd", WEFT_ALGO_RD, ALGO_PARTS);
+    run_job(5, 180, "rhd", WEFT_ALGO_RHD, ALGO_PARTS);
 }
 
 /* Chunks larger than what the sockets buffer: recursive doubling must not
@@ -814,7 +806,7 @@ Test(algo, rd_small_socket_buffers, .timeout = 100)
 {
     setenv("WEFT_SOCKET_BUFSIZE", "65536", 1);
     setenv("WEFT_TIMEOUT_MS", "10000", 1);
-    run_job(2, 60, "rd", WEFT_ALGO_RD, "rdbig");
+    run_job(2, 60, "rhd", WEFT_ALGO_RHD, "rdbig");
 }
 Test(algo, tree_3, .timeout = 200) { run_job(3, 180, "tree", WEFT_ALGO_TREE, "matrix"); }
 Test(algo, tree_5, .timeout = 200) { run_job(5, 180, "tree", WEFT_ALGO_TREE, "matrix"); }

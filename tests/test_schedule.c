@@ -16,11 +16,11 @@ static void build_all(int algo, int coll, int p, int root, size_t count, size_t 
                       struct weft_schedule *sch)
 {
     for (int rank = 0; rank < p; rank++) {
-        struct weft_coll_desc d = { coll, rank, p, root, count, chunk, algo };
+        struct weft_coll_desc d = { coll, rank, p, root, count, chunk, PLAN_ALGO(algo), PLAN_VAR(algo), 0, NULL, 0 };
         weft_sched_init(&sch[rank]);
         weft_status_t st = weft_sched_build(&d, &sch[rank]);
         cr_assert(st == WEFT_OK, "%s %s p=%d rank=%d root=%d count=%zu chunk=%zu: %s (%s)",
-                  weft_algo_name(algo), weft_coll_name(coll), p, rank, root, count, chunk,
+                  weft_algo_name(PLAN_ALGO(algo)), weft_coll_name(coll), p, rank, root, count, chunk,
                   weft_status_string(st), weft_last_error(NULL));
     }
 }
@@ -114,7 +114,7 @@ Test(ring, step_structure)
     weft_sched_init(&s);
     /* p=1: one COPY, or nothing for count 0. */
     for (int coll = 0; coll <= WEFT_COLL_REDUCE; coll++) {
-        struct weft_coll_desc d = { coll, 0, 1, 0, 5, 2, WEFT_ALGO_RING };
+        struct weft_coll_desc d = { coll, 0, 1, 0, 5, 2, WEFT_ALGO_RING, 0, 0, NULL, 0 };
         cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
         cr_assert(s.nsteps == 1 && s.steps[0].kind == WEFT_STEP_COPY && s.steps[0].count == 5 &&
                       s.scratch_count == 0,
@@ -125,7 +125,7 @@ Test(ring, step_structure)
     /* Allreduce p=4, N=8, chunk 1: 2 elements per block, 2 chunks per round,
      * 3 + 3 rounds of (send, receive) per chunk = 24 steps; FINAL only on
      * the last reduce-scatter round. */
-    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 1, 4, 0, 8, 1, WEFT_ALGO_RING };
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 1, 4, 0, 8, 1, WEFT_ALGO_RING, 0, 0, NULL, 0 };
     cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
     cr_assert(s.nsteps == 24 && s.scratch_count == 0, "%zu steps", s.nsteps);
     int finals = 0;
@@ -143,9 +143,9 @@ Test(ring, step_structure)
     }
     cr_assert(finals == 2);
     /* Reduce_scatter asks for scratch; reduce only on middle ranks. */
-    d = (struct weft_coll_desc){ WEFT_COLL_REDUCE_SCATTER, 0, 4, 0, 10, 4, WEFT_ALGO_RING };
+    d = (struct weft_coll_desc){ WEFT_COLL_REDUCE_SCATTER, 0, 4, 0, 10, 4, WEFT_ALGO_RING, 0, 0, NULL, 0 };
     cr_assert(weft_ring_build(&d, &s) == WEFT_OK && s.scratch_count == 40);
-    d = (struct weft_coll_desc){ WEFT_COLL_REDUCE, 2, 4, 0, 10, 4, WEFT_ALGO_RING };
+    d = (struct weft_coll_desc){ WEFT_COLL_REDUCE, 2, 4, 0, 10, 4, WEFT_ALGO_RING, 0, 0, NULL, 0 };
     cr_assert(weft_ring_build(&d, &s) == WEFT_OK && s.scratch_count == 10);
     d.rank = 0; /* the root */
     cr_assert(weft_ring_build(&d, &s) == WEFT_OK && s.scratch_count == 0);
@@ -164,7 +164,7 @@ Test(ring, bad_descriptions)
         const char *needle;
     } c[] = {
 #define RING_DESC(coll, rank, p, root, count, chunk)                                          \
-    { coll, rank, p, root, count, chunk, WEFT_ALGO_RING }
+    { coll, rank, p, root, count, chunk, WEFT_ALGO_RING, 0, 0, NULL, 0 }
         { RING_DESC(WEFT_COLL_ALLREDUCE, 0, 0, 0, 4, 1), WEFT_ERR_INVALID_ARG, "nranks" },
         { RING_DESC(WEFT_COLL_ALLREDUCE, -1, 4, 0, 4, 1), WEFT_ERR_INVALID_ARG, "rank -1" },
         { RING_DESC(WEFT_COLL_ALLREDUCE, 4, 4, 0, 4, 1), WEFT_ERR_INVALID_ARG, "rank 4" },
@@ -188,7 +188,7 @@ Test(ring, bad_descriptions)
         cr_assert(s.nsteps == 0);
     }
     /* Root does not matter where there is none. */
-    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 4, 77, 4, 1, WEFT_ALGO_RING };
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 4, 77, 4, 1, WEFT_ALGO_RING, 0, 0, NULL, 0 };
     cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
     cr_assert(weft_ring_build(NULL, &s) == WEFT_ERR_INVALID_ARG);
     cr_assert(weft_ring_build(&d, NULL) == WEFT_ERR_INVALID_ARG);
@@ -200,7 +200,7 @@ Test(ring, rebuild_reuses_schedule)
 {
     struct weft_schedule s;
     weft_sched_init(&s);
-    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 8, 0, 1000, 1, WEFT_ALGO_RING };
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 8, 0, 1000, 1, WEFT_ALGO_RING, 0, 0, NULL, 0 };
     cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
     size_t big = s.nsteps;
     d.count = 16;
@@ -223,7 +223,7 @@ static void tree_matrix(int pmin, int pmax, bool with_big, int slots)
         int roots[] = { 0, ps[i] - 1, ps[i] / 2 };
         for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
             for (size_t r = 0; r < 3; r++)
-                check_sched(WEFT_ALGO_TREE, WEFT_COLL_BROADCAST, ps[i], roots[r], counts[c],
+                check_sched(PLAN_BINOMIAL, WEFT_COLL_BROADCAST, ps[i], roots[r], counts[c],
                             chunks[c], slots);
     }
 }
@@ -242,7 +242,7 @@ Test(tree, shape_and_refusals)
         int L = 0;
         while ((1 << L) < p)
             L++;
-        struct weft_coll_desc d = { WEFT_COLL_BROADCAST, 3 % p, p, 3 % p, 10, 4, WEFT_ALGO_TREE };
+        struct weft_coll_desc d = { WEFT_COLL_BROADCAST, 3 % p, p, 3 % p, 10, 4, WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL, 0, NULL, 0 };
         cr_assert(weft_tree_build(&d, &s) == WEFT_OK);
         size_t sends = 0, recvs = 0;
         for (size_t i = 0; i < s.nsteps; i++) {
@@ -252,9 +252,9 @@ Test(tree, shape_and_refusals)
         cr_assert(sends == (size_t)L * 3 && recvs == 0, "p=%d root: %zu sends, %zu receives", p,
                   sends, recvs);
     }
-    struct weft_coll_desc bad = { WEFT_COLL_ALLREDUCE, 0, 4, 0, 10, 4, WEFT_ALGO_TREE };
+    struct weft_coll_desc bad = { WEFT_COLL_ALLREDUCE, 0, 4, 0, 10, 4, WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL, 0, NULL, 0 };
     cr_assert(weft_tree_build(&bad, &s) == WEFT_ERR_UNSUPPORTED);
-    bad = (struct weft_coll_desc){ WEFT_COLL_BROADCAST, 0, 4, 4, 10, 4, WEFT_ALGO_TREE };
+    bad = (struct weft_coll_desc){ WEFT_COLL_BROADCAST, 0, 4, 4, 10, 4, WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL, 0, NULL, 0 };
     cr_assert(weft_tree_build(&bad, &s) == WEFT_ERR_INVALID_ARG);
     cr_assert(strstr(weft_last_error(NULL), "root 4"), "%s", weft_last_error(NULL));
     bad.root = 0;
@@ -276,9 +276,9 @@ static void rd_matrix(int pmin, int pmax, bool with_big, int slots)
         size_t counts[] = { 0, 1, p - 1, p + 1, 1000003, 10 * p + 7, 9 * p + 1 };
         size_t chunks[] = { 1 << 20, 1 << 20, 1 << 20, 1 << 20, 65536, 3, 3 };
         for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
-            check_sched(WEFT_ALGO_RD, WEFT_COLL_ALLREDUCE, ps[i], 0, counts[c], chunks[c],
+            check_sched(PLAN_RD, WEFT_COLL_ALLREDUCE, ps[i], 0, counts[c], chunks[c],
                         slots);
-        check_sched(WEFT_ALGO_RD, WEFT_COLL_ALLREDUCE, ps[i], 0, p + 1, 1, slots);
+        check_sched(PLAN_RD, WEFT_COLL_ALLREDUCE, ps[i], 0, p + 1, 1, slots);
     }
 }
 
@@ -314,14 +314,14 @@ Test(rd, step_structure)
 {
     struct weft_schedule s;
     weft_sched_init(&s);
-    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 1, 0, 5, 2, WEFT_ALGO_RD };
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 1, 0, 5, 2, WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING, 0, NULL, 0 };
     cr_assert(weft_rd_build(&d, &s) == WEFT_OK);
     cr_assert(s.nsteps == 1 && s.steps[0].kind == WEFT_STEP_COPY && s.steps[0].count == 5);
     d.count = 0;
     cr_assert(weft_rd_build(&d, &s) == WEFT_OK && s.nsteps == 0);
     /* p=4, rank 1, 8 elements in chunks of 3: round 0 with rank 0 (rank 1
      * is the upper half: RECV_FIRST), round 1 with rank 3 (lower: FINAL). */
-    d = (struct weft_coll_desc){ WEFT_COLL_ALLREDUCE, 1, 4, 0, 8, 3, WEFT_ALGO_RD };
+    d = (struct weft_coll_desc){ WEFT_COLL_ALLREDUCE, 1, 4, 0, 8, 3, WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING, 0, NULL, 0 };
     cr_assert(weft_rd_build(&d, &s) == WEFT_OK);
     cr_assert(s.nsteps == 12 && s.scratch_count == 0, "%zu steps", s.nsteps);
     for (size_t i = 0; i < s.nsteps; i++) {
@@ -341,7 +341,7 @@ Test(rd, step_structure)
             cr_assert(st->deps[0] == (int32_t)i - 5, "step %zu deps on %d", i, st->deps[0]);
     }
     /* p=5 folds rank 0 into rank 1. */
-    d = (struct weft_coll_desc){ WEFT_COLL_ALLREDUCE, 0, 5, 0, 8, 3, WEFT_ALGO_RD };
+    d = (struct weft_coll_desc){ WEFT_COLL_ALLREDUCE, 0, 5, 0, 8, 3, WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING, 0, NULL, 0 };
     cr_assert(weft_rd_build(&d, &s) == WEFT_OK && s.nsteps == 6);
     for (size_t i = 0; i < 6; i++)
         cr_assert(s.steps[i].kind == (i < 3 ? WEFT_STEP_SEND : WEFT_STEP_RECV) &&
@@ -369,15 +369,15 @@ Test(rd, bad_descriptions)
         weft_status_t want;
         const char *needle;
     } c[] = {
-        { { WEFT_COLL_BROADCAST, 0, 4, 0, 4, 1, WEFT_ALGO_RD }, WEFT_ERR_UNSUPPORTED,
+        { { WEFT_COLL_BROADCAST, 0, 4, 0, 4, 1, WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING, 0, NULL, 0 }, WEFT_ERR_UNSUPPORTED,
           "only allreduce, not broadcast" },
-        { { WEFT_COLL_REDUCE_SCATTER, 0, 4, 0, 4, 1, WEFT_ALGO_RD }, WEFT_ERR_UNSUPPORTED,
+        { { WEFT_COLL_REDUCE_SCATTER, 0, 4, 0, 4, 1, WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING, 0, NULL, 0 }, WEFT_ERR_UNSUPPORTED,
           "only allreduce" },
-        { { WEFT_COLL_ALLREDUCE, 0, 0, 0, 4, 1, WEFT_ALGO_RD }, WEFT_ERR_INVALID_ARG, "of 0" },
-        { { WEFT_COLL_ALLREDUCE, -1, 4, 0, 4, 1, WEFT_ALGO_RD }, WEFT_ERR_INVALID_ARG,
+        { { WEFT_COLL_ALLREDUCE, 0, 0, 0, 4, 1, WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING, 0, NULL, 0 }, WEFT_ERR_INVALID_ARG, "of 0" },
+        { { WEFT_COLL_ALLREDUCE, -1, 4, 0, 4, 1, WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING, 0, NULL, 0 }, WEFT_ERR_INVALID_ARG,
           "rank -1" },
-        { { WEFT_COLL_ALLREDUCE, 4, 4, 0, 4, 1, WEFT_ALGO_RD }, WEFT_ERR_INVALID_ARG, "rank 4" },
-        { { WEFT_COLL_ALLREDUCE, 0, 4, 0, 4, 0, WEFT_ALGO_RD }, WEFT_ERR_INVALID_ARG, "chunk 0" },
+        { { WEFT_COLL_ALLREDUCE, 4, 4, 0, 4, 1, WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING, 0, NULL, 0 }, WEFT_ERR_INVALID_ARG, "rank 4" },
+        { { WEFT_COLL_ALLREDUCE, 0, 4, 0, 4, 0, WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING, 0, NULL, 0 }, WEFT_ERR_INVALID_ARG, "chunk 0" },
     };
     for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
         struct weft_schedule s;
@@ -415,28 +415,32 @@ Test(schedule, build_dispatches_on_algo)
     struct weft_schedule a, b;
     weft_sched_init(&a);
     weft_sched_init(&b);
-    for (int algo = 0; algo < WEFT_ALGO_COUNT; algo++) {
+    const int plans[] = { PLAN(WEFT_ALGO_RING, 0), PLAN_RD, PLAN_BINOMIAL };
+    for (size_t i = 0; i < sizeof(plans) / sizeof(plans[0]); i++) {
+        int algo = PLAN_ALGO(plans[i]);
         int coll = algo == WEFT_ALGO_TREE ? WEFT_COLL_BROADCAST : WEFT_COLL_ALLREDUCE;
-        struct weft_coll_desc d = { coll, 3, 6, 0, 100, 7, algo };
+        struct weft_coll_desc d = { coll, 3, 6, 0, 100, 7, algo, PLAN_VAR(plans[i]), 0, NULL, 0 };
         cr_assert(weft_sched_build(&d, &a) == WEFT_OK);
-        weft_status_t st = algo == WEFT_ALGO_RD     ? weft_rd_build(&d, &b)
+        weft_status_t st = algo == WEFT_ALGO_RHD    ? weft_rd_build(&d, &b)
                            : algo == WEFT_ALGO_TREE ? weft_tree_build(&d, &b)
                                                     : weft_ring_build(&d, &b);
         cr_assert(st == WEFT_OK);
         cr_assert(same_steps(&a, &b), "%s", weft_algo_name(algo));
         /* They really differ: rd exchanges whole chunks with 3 partners. */
-        if (algo == WEFT_ALGO_RD)
+        if (algo == WEFT_ALGO_RHD)
             cr_assert(a.nsteps != 0 && count_flag(&a, WEFT_STEP_RECV_FIRST) > 0);
     }
     int bad[] = { WEFT_ALGO_COUNT, -1, 77 };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 4, 0, 4, 1, bad[i] };
-        cr_assert(weft_sched_build(&d, &a) == WEFT_ERR_INVALID_ARG);
-        cr_assert(strstr(weft_last_error(NULL), "unknown algorithm"), "'%s'",
+        struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 4, 0, 4, 1, bad[i], 0, 0, NULL, 0 };
+        cr_assert(weft_sched_build(&d, &a) == WEFT_ERR_UNSUPPORTED);
+        cr_assert(strstr(weft_last_error(NULL), "builds no"), "'%s'",
                   weft_last_error(NULL));
     }
     cr_assert_str_eq(weft_algo_name(WEFT_ALGO_RING), "ring");
-    cr_assert_str_eq(weft_algo_name(WEFT_ALGO_RD), "rd");
+    cr_assert_str_eq(weft_algo_name(WEFT_ALGO_RHD), "rhd");
+    cr_assert_str_eq(weft_algo_name(WEFT_ALGO_DIRECT), "direct");
+    cr_assert_str_eq(weft_algo_name(WEFT_ALGO_HIER), "hier");
     cr_assert_str_eq(weft_algo_name(WEFT_ALGO_TREE), "tree");
     cr_assert_str_eq(weft_algo_name(WEFT_ALGO_COUNT), "unknown");
     weft_sched_free(&a);
@@ -722,7 +726,7 @@ static void rd_half_received(struct weft_schedule *sch, int p)
 
 Test(checker, catches_broken_rd_schedules)
 {
-    const int rd = WEFT_ALGO_RD, ar = WEFT_COLL_ALLREDUCE;
+    const int rd = PLAN_RD, ar = WEFT_COLL_ALLREDUCE;
     expect_caught_algo(rd, ar, 2, 0, 10, 3, rd_drop_recv_first, "same expression");
     expect_caught_algo(rd, ar, 4, 0, 10, 3, rd_drop_recv_first, "same expression");
     expect_caught_algo(rd, ar, 4, 0, 10, 3, rd_recv_first_both, "same expression");
@@ -921,7 +925,7 @@ Test(schedule, coll_counts_and_names)
         { WEFT_COLL_RECV, 0, 10, "recv" },
     };
     for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
-        struct weft_coll_desc d = { c[i].coll, 1, 4, 0, 10, 1, WEFT_ALGO_RING };
+        struct weft_coll_desc d = { c[i].coll, 1, 4, 0, 10, 1, WEFT_ALGO_RING, 0, 0, NULL, 0 };
         cr_assert(weft_coll_send_count(&d) == c[i].send, "%s send", c[i].name);
         cr_assert(weft_coll_recv_count(&d) == c[i].recv, "%s recv", c[i].name);
         cr_assert_str_eq(weft_coll_name(c[i].coll), c[i].name);
@@ -929,6 +933,6 @@ Test(schedule, coll_counts_and_names)
     cr_assert_str_eq(weft_coll_name(WEFT_COLL_COUNT), "unknown");
     cr_assert_str_eq(weft_coll_name(-3), "unknown");
     struct weft_coll_desc big = { WEFT_COLL_ALLGATHER, 0, 4, 0, SIZE_MAX / 2, 1,
-                                  WEFT_ALGO_RING };
+                                  WEFT_ALGO_RING, 0, 0, NULL, 0 };
     cr_assert(weft_coll_recv_count(&big) == SIZE_MAX, "an overflowing size saturates");
 }

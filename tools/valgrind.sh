@@ -81,7 +81,7 @@ echo "== memcheck, every rank: ${vg[*]}"
 small=(WEFT_CHUNK_SIZE=8192 WEFT_STAGING_SLOTS=4)
 run soak-2-shm-cma 2 WEFT_SHM_CMA_MIN=16384 -- ./build/weft-soak "${soak[@]}"
 run soak-2-tcp 2 WEFT_TRANSPORT=tcp -- ./build/weft-soak "${soak[@]}"
-run soak-3-shm-rd-small 3 WEFT_ALGO=rd "${small[@]}" WEFT_SHM_SLOTS=4 WEFT_SHM_SLOT_BYTES=4096 \
+run soak-3-shm-rhd-small 3 WEFT_ALGO=rhd "${small[@]}" WEFT_SHM_SLOTS=4 WEFT_SHM_SLOT_BYTES=4096 \
     -- ./build/weft-soak "${soak[@]}"
 run soak-3-tcp-ring-small 3 WEFT_TRANSPORT=tcp WEFT_ALGO=ring "${small[@]}" \
     -- ./build/weft-soak "${soak[@]}"

@@ -19,7 +19,7 @@
 #include "src/tune.h"
 
 static const char *const subsys[] = {"INIT", "NET", "COLL", "BOOT", "ENV", "ALL"};
-static const char *const algos[] = {"ring", "rd"};
+static const char *const algos[] = {"ring", "rhd", "tree", "allreduce:", ";", "^"};
 static const char *const transports[] = {"shm", "tcp"};
 
 static void env_size(const char *s)
@@ -97,9 +97,11 @@ static void wrappers(const char *s)
     else
         FUZZ_CHECK(fuzz_text_ok(err, sizeof(err)) && strncmp(err, "WEFT_TRANSPORT=", 15) == 0,
                    "'%s': message '%s'", s, err);
-    unsigned algo = 0;
-    if (weft_tune_parse_algo(s, &algo) == WEFT_OK)
-        FUZZ_CHECK(algo != 0 && algo < (1u << WEFT_ALGO_COUNT), "'%s' -> %#x", s, algo);
+    unsigned algo[WEFT_COLL_COUNT] = {0};
+    if (weft_tune_parse_algo(s, algo) == WEFT_OK)
+        for (int c = 0; c < WEFT_COLL_COUNT; c++)
+            FUZZ_CHECK(algo[c] != 0 && algo[c] < (1u << WEFT_ALGO_COUNT), "'%s' -> %#x", s,
+                       algo[c]);
     else
         FUZZ_CHECK(strncmp(weft_thread_last_error(), "WEFT_ALGO=", 10) == 0, "'%s': '%s'", s,
                    weft_thread_last_error());

@@ -337,7 +337,7 @@ static void gen_param(void)
              "tcp,shm,tcp,shm,tcp,shm,tcp,shm,tcp,shm,tcp,shm,tcp,shm,tcp,shm,tcp,shm,tcp,shm,"
              "tcp,shm,tcp,shm,tcp,shm,tcp,shm,tcp,shm,tcp,shm,tcp,shm,tcp,shm,tcp,shm,tcp,shm");
     PUT_TEXT("param", "wrappers-none-left", 4, "^shm,tcp");
-    PUT_TEXT("param", "wrappers-rd-only", 4, "rd");
+    PUT_TEXT("param", "wrappers-rhd-only", 5, "rhd");
     PUT_TEXT("param", "wrappers-unknown", 4, "nvls");
     PUT_TEXT("param", "ifname-prefixes", 5, "eth,ib\0eth0");
     PUT_TEXT("param", "ifname-exact-exclude", 5, "^=lo,docker0\0lo");
