@@ -12,9 +12,42 @@
 
 /* ---- element values ----------------------------------------------------------- */
 
+uint64_t rank_key(int r)
+{
+    uint64_t z = (uint64_t)(uint32_t)r * 0x9e3779b97f4a7c15ull + 0x6a09e667f3bcc909ull;
+    z = (z ^ z >> 30) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ z >> 27) * 0x94d049bb133111ebull;
+    return z ^ z >> 31;
+}
+
+struct rset rset_one(int r)
+{
+    return (struct rset){ r < 64 ? 1ull << r : 0, rank_key(r), 1 };
+}
+
+struct rset rset_add(struct rset a, struct rset b)
+{
+    return (struct rset){ a.low | b.low, a.sum + b.sum, a.n + b.n };
+}
+
+bool rset_eq(struct rset a, struct rset b)
+{
+    return a.low == b.low && a.sum == b.sum && a.n == b.n;
+}
+
+const char *rset_format(struct rset s, int p, char *buf, size_t len)
+{
+    if (p <= 64)
+        snprintf(buf, len, "0x%llx", (unsigned long long)s.low);
+    else
+        snprintf(buf, len, "{%u contributions, ranks<64 0x%llx, key sum 0x%016llx}", s.n,
+                 (unsigned long long)s.low, (unsigned long long)s.sum);
+    return buf;
+}
+
 bool val_eq(const struct val *a, const struct val *b)
 {
-    return a->ranks == b->ranks && a->delta == b->delta && a->origin == b->origin &&
+    return rset_eq(a->ranks, b->ranks) && a->delta == b->delta && a->origin == b->origin &&
            a->flags == b->flags && a->expr == b->expr;
 }
 
@@ -75,7 +108,7 @@ void seg_init(struct segmap *m, size_t size)
     m->size = size;
     seg_reserve(m, 1);
     m->s[0].off = 0;
-    m->s[0].v = (struct val){ 0, 0, -1, V_UNINIT, -1 };
+    m->s[0].v = (struct val){ { 0, 0, 0 }, 0, -1, V_UNINIT, -1 };
     m->n = 1;
 }
 
@@ -153,7 +186,7 @@ int32_t expr_node(struct exprs *e, int32_t l, int32_t r)
     for (; e->slot[h] >= 0; h = (h + 1) & (e->hcap - 1)) {
         const int32_t *nd = e->node[e->slot[h]];
         if (nd[0] == l && nd[1] == r)
-            return MAXP + e->slot[h];
+            return e->base + e->slot[h];
     }
     if (e->n == e->cap) {
         e->cap = e->cap ? 2 * e->cap : 1024;
@@ -163,7 +196,8 @@ int32_t expr_node(struct exprs *e, int32_t l, int32_t r)
     e->node[e->n][0] = l;
     e->node[e->n][1] = r;
     e->slot[h] = (int32_t)e->n;
-    return MAXP + (int32_t)e->n++;
+    cr_assert(e->n < (size_t)(INT32_MAX - e->base), "expression table full");
+    return e->base + (int32_t)e->n++;
 }
 
 /* Writes expression id as text, "(x0 x1)" for x0 op x1; returns the
@@ -171,14 +205,14 @@ int32_t expr_node(struct exprs *e, int32_t l, int32_t r)
 size_t expr_format(const struct exprs *e, int32_t id, char *out, size_t len, size_t at)
 {
     char leaf[16];
-    if (id < MAXP) {
+    if (id < e->base) {
         snprintf(leaf, sizeof(leaf), id < 0 ? "?" : "x%d", id);
         for (const char *c = leaf; *c; c++, at++)
             if (at + 1 < len)
                 out[at] = *c, out[at + 1] = '\0';
         return at;
     }
-    const int32_t *nd = e->node[id - MAXP];
+    const int32_t *nd = e->node[id - e->base];
     if (at + 1 < len)
         out[at] = '(', out[at + 1] = '\0';
     at = expr_format(e, nd[0], out, len, at + 1);

@@ -26,8 +26,8 @@ struct sim_rank {
     size_t final_elems;      /* elements this rank reduced with FINAL */
     struct runs *staged;     /* per receive: the data that reached it, until delivered */
     int free_slots;          /* staging slots not held by a RECV_REDUCE (sim.slots > 0) */
-    int32_t *waiting;        /* RECV_REDUCEs that could post but for a slot (< p) */
-    int nwaiting;
+    int32_t *waiting;        /* RECV_REDUCEs that could post but for a slot */
+    int nwaiting, capwaiting;
 };
 
 /* A step's progress, as the engine's ST_* states.  A link is the messages
@@ -35,7 +35,8 @@ struct sim_rank {
 enum sim_state { S_PENDING = 0, S_POSTED, S_LANDED, S_DONE };
 
 struct sim {
-    int coll, p, root, algo;
+    int coll, p, root, algo; /* algo: a PLAN */
+    int ordered, nnodes;     /* from the desc, for the ordered check and messages */
     size_t count;
     bool inplace;
     /* false: a send completes only together with its receive (what the
@@ -46,7 +47,11 @@ struct sim {
     /* Staging slots per rank a posted RECV_REDUCE holds until it has
      * reduced (the engine's WEFT_STAGING_SLOTS); 0: unlimited. */
     int slots;
-    struct sim_rank r[MAXP];
+    struct sim_rank *r; /* p of them */
+    struct rset all;    /* every rank once */
+    bool exprs_on;      /* build expression trees (see sched_sim.h) */
+    uint64_t *grantable; /* bit per rank: a free slot and a RECV_REDUCE waiting for one */
+    int32_t *last;       /* run_all's scratch: 2p link tails, -1 between ranks */
     struct exprs ex;
     char err[600];
     struct runs ra, rb, rc;
@@ -64,9 +69,13 @@ static bool fail(struct sim *sm, const char *fmt, ...)
         snprintf(how, sizeof(how), ", %d staging slot%s", sm->slots, sm->slots > 1 ? "s" : "");
     else if (!sm->buffered)
         snprintf(how, sizeof(how), ", unlimited staging");
-    int n = snprintf(sm->err, sizeof(sm->err), "%s %s p=%d root=%d count=%zu %s%s: ",
-                     weft_algo_name(PLAN_ALGO(sm->algo)), weft_coll_name(sm->coll), sm->p, sm->root,
-                     sm->count, sm->inplace ? "in place" : "out of place", how);
+    char what[48] = "";
+    if (PLAN_VAR(sm->algo) || sm->ordered || sm->nnodes > 1)
+        snprintf(what, sizeof(what), " (variant %d%s, %d nodes)", PLAN_VAR(sm->algo),
+                 sm->ordered ? ", ordered" : "", WEFT_MAX(sm->nnodes, 1));
+    int n = snprintf(sm->err, sizeof(sm->err), "%s%s %s p=%d root=%d count=%zu %s%s: ",
+                     weft_algo_name(PLAN_ALGO(sm->algo)), what, weft_coll_name(sm->coll), sm->p,
+                     sm->root, sm->count, sm->inplace ? "in place" : "out of place", how);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(sm->err + n, sizeof(sm->err) - (size_t)n, fmt, ap);
@@ -111,7 +120,7 @@ static void layout(struct sim *sm, int rank, const struct weft_coll_desc *d, siz
     seg_init(&r->mem, top + scratch + 1);
     if (sc) {
         struct runs in = { 0 };
-        runs_push(&in, 0, (struct val){ 1ull << rank, 0, -1, 0, rank });
+        runs_push(&in, 0, (struct val){ rset_one(rank), 0, -1, 0, rank });
         seg_write(&r->mem, r->base[WEFT_BUF_SEND], sc, &in);
         free(in.r);
     }
@@ -173,62 +182,112 @@ static bool check_steps(struct sim *sm, int rank)
     return true;
 }
 
-/* Pairs the k-th send A->B with the k-th receive on B from A. */
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* A rank's sends (want_send) or receives of either kind, as peer << 32 |
+ * step, sorted: grouped by peer, in schedule order inside a group. */
+static uint64_t *link_keys(const struct weft_schedule *s, bool want_send, size_t *n)
+{
+    uint64_t *k = malloc((s->nsteps + 1) * sizeof(uint64_t));
+    cr_assert(k);
+    *n = 0;
+    for (size_t i = 0; i < s->nsteps; i++) {
+        const struct weft_step *st = &s->steps[i];
+        if (st->kind == WEFT_STEP_COPY || (st->kind == WEFT_STEP_SEND) != want_send)
+            continue;
+        k[(*n)++] = (uint64_t)(uint32_t)st->peer << 32 | (uint32_t)i;
+    }
+    qsort(k, *n, sizeof(uint64_t), cmp_u64);
+    return k;
+}
+
+/* The first key of peer in sorted keys (n when none). */
+static size_t keys_find(const uint64_t *k, size_t n, int peer)
+{
+    uint64_t want = (uint64_t)(uint32_t)peer << 32;
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (k[mid] < want)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static size_t keys_count(const uint64_t *k, size_t n, int peer)
+{
+    size_t i = keys_find(k, n, peer), j = i;
+    while (j < n && (int)(k[j] >> 32) == peer)
+        j++;
+    return j - i;
+}
+
+/* Pairs the k-th send A->B with the k-th receive on B from A: every rank's
+ * sends and receives sorted by peer, so p = 4096 costs no p^2 table. */
 static bool match_all(struct sim *sm)
 {
     int p = sm->p;
-    size_t *nsend = calloc((size_t)p * p, sizeof(size_t));
-    size_t *nrecv = calloc((size_t)p * p, sizeof(size_t));
-    int32_t **sends = calloc((size_t)p * p, sizeof(int32_t *));
-    cr_assert(nsend && nrecv && sends);
+    uint64_t **sends = calloc((size_t)p, sizeof(*sends));
+    size_t *nsend = calloc((size_t)p, sizeof(size_t));
+    cr_assert(sends && nsend);
     bool ok = true;
-    /* Collect each rank's sends per destination, in order. */
     for (int a = 0; a < p; a++) {
-        const struct weft_schedule *s = sm->r[a].s;
-        for (size_t i = 0; i < s->nsteps; i++) {
-            if (s->steps[i].kind != WEFT_STEP_SEND)
-                continue;
-            size_t key = (size_t)a * p + (size_t)s->steps[i].peer;
-            sends[key] = realloc(sends[key], (nsend[key] + 1) * sizeof(int32_t));
-            cr_assert(sends[key]);
-            sends[key][nsend[key]++] = (int32_t)i;
-        }
+        sends[a] = link_keys(sm->r[a].s, true, &nsend[a]);
+        for (size_t i = 0; i < sm->r[a].s->nsteps; i++)
+            sm->r[a].match_rank[i] = -1;
     }
     for (int b = 0; b < p && ok; b++) {
-        const struct weft_schedule *s = sm->r[b].s;
-        for (size_t i = 0; i < s->nsteps && ok; i++) {
-            const struct weft_step *st = &s->steps[i];
-            if (st->kind != WEFT_STEP_RECV && st->kind != WEFT_STEP_RECV_REDUCE)
-                continue;
-            int a = st->peer;
-            size_t key = (size_t)a * p + (size_t)b;
-            size_t k = nrecv[key]++;
-            if (k >= nsend[key]) {
-                ok = fail(sm, "rank %d step %zu: receive #%zu from %d has no send", b, i, k, a);
-                break;
+        size_t nrecv;
+        uint64_t *recvs = link_keys(sm->r[b].s, false, &nrecv);
+        for (size_t g = 0; g < nrecv && ok;) {
+            int a = (int)(recvs[g] >> 32);
+            size_t first = keys_find(sends[a], nsend[a], b), k = 0;
+            for (; g < nrecv && (int)(recvs[g] >> 32) == a && ok; g++, k++) {
+                size_t i = (uint32_t)recvs[g];
+                const struct weft_step *st = &sm->r[b].s->steps[i];
+                if (first + k >= nsend[a] || (int)(sends[a][first + k] >> 32) != b) {
+                    ok = fail(sm, "rank %d step %zu: receive #%zu from %d has no send", b, i, k,
+                              a);
+                    break;
+                }
+                int32_t j = (int32_t)(uint32_t)sends[a][first + k];
+                const struct weft_step *sst = &sm->r[a].s->steps[j];
+                if (sst->count != st->count) {
+                    ok = fail(sm, "rank %d step %d sends %zu, rank %d step %zu receives %zu", a,
+                              j, sst->count, b, i, st->count);
+                    break;
+                }
+                sm->r[b].match_rank[i] = a;
+                sm->r[b].match_step[i] = j;
+                sm->r[a].match_rank[j] = b;
+                sm->r[a].match_step[j] = (int32_t)i;
             }
-            int32_t j = sends[key][k];
-            const struct weft_step *sst = &sm->r[a].s->steps[j];
-            if (sst->count != st->count) {
-                ok = fail(sm, "rank %d step %d sends %zu, rank %d step %zu receives %zu", a, j,
-                          sst->count, b, i, st->count);
-                break;
-            }
-            sm->r[b].match_rank[i] = a;
-            sm->r[b].match_step[i] = j;
-            sm->r[a].match_rank[j] = b;
-            sm->r[a].match_step[j] = (int32_t)i;
         }
+        free(recvs);
     }
-    for (size_t key = 0; ok && key < (size_t)p * p; key++)
-        if (nsend[key] != nrecv[key])
-            ok = fail(sm, "rank %zu sends %zu messages to rank %zu, which receives %zu",
-                      key / (size_t)p, nsend[key], key % (size_t)p, nrecv[key]);
-    for (size_t key = 0; key < (size_t)p * p; key++)
-        free(sends[key]);
+    /* A send left over waits for a receive that never comes. */
+    for (int a = 0; a < p && ok; a++)
+        for (size_t k = 0; k < nsend[a] && ok; k++) {
+            int32_t j = (int32_t)(uint32_t)sends[a][k];
+            if (sm->r[a].match_rank[j] >= 0)
+                continue;
+            int b = (int)(sends[a][k] >> 32);
+            size_t nrecv;
+            uint64_t *recvs = link_keys(sm->r[b].s, false, &nrecv);
+            ok = fail(sm, "rank %d sends %zu messages to rank %d, which receives %zu", a,
+                      keys_count(sends[a], nsend[a], b), b, keys_count(recvs, nrecv, a));
+            free(recvs);
+        }
+    for (int a = 0; a < p; a++)
+        free(sends[a]);
     free(sends);
     free(nsend);
-    free(nrecv);
     return ok;
 }
 
@@ -288,7 +347,6 @@ static bool deliver(struct sim *sm, int rank, int32_t step, const struct runs *i
     /* local operand op incoming (incoming op local with RECV_FIRST), run by run */
     seg_read(&r->mem, addr_of(r, st->src_buf, st->src_off), st->count, &sm->rb);
     sm->rc.n = 0;
-    uint64_t all = sm->p == 64 ? ~0ull : (1ull << sm->p) - 1;
     size_t ia = 0, ib = 0, off = 0;
     while (off < st->count) {
         while (ia + 1 < in->n && in->r[ia + 1].off <= off)
@@ -296,27 +354,30 @@ static bool deliver(struct sim *sm, int rank, int32_t step, const struct runs *i
         while (ib + 1 < sm->rb.n && sm->rb.r[ib + 1].off <= off)
             ib++;
         const struct val *x = &sm->rb.r[ib].v, *y = &in->r[ia].v;
-        struct val v = { x->ranks | y->ranks, x->delta, -1, x->flags | y->flags, -1 };
-        if (x->ranks & y->ranks)
+        struct val v = { rset_add(x->ranks, y->ranks), x->delta, -1, x->flags | y->flags, -1 };
+        if ((x->ranks.low & y->ranks.low) || v.ranks.n > (uint32_t)sm->p)
             v.flags |= V_DUP;
         if (x->delta != y->delta)
             v.flags |= V_MISPLACED;
-        bool full = v.ranks == all && v.flags == 0;
+        bool full = rset_eq(v.ranks, sm->all) && v.flags == 0;
+        char a[96], b[96];
         bool final = st->flags & WEFT_STEP_FINAL;
         if (v.flags & V_UNINIT)
             return fail(sm, "rank %d step %d: reduces an element nobody wrote", rank, step);
         if (v.flags & V_DUP)
-            return fail(sm, "rank %d step %d: combines rank input twice (0x%llx with 0x%llx)",
-                        rank, step, (unsigned long long)x->ranks, (unsigned long long)y->ranks);
+            return fail(sm, "rank %d step %d: combines rank input twice (%s with %s)", rank, step,
+                        rset_format(x->ranks, sm->p, a, sizeof(a)),
+                        rset_format(y->ranks, sm->p, b, sizeof(b)));
         if (v.flags & V_MISPLACED)
             return fail(sm, "rank %d step %d: combines input positions %lld and %lld", rank, step,
                         (long long)(x->delta + (int64_t)off), (long long)(y->delta + (int64_t)off));
         if (final != full)
-            return fail(sm, "rank %d step %d: %s (ranks 0x%llx)", rank, step,
+            return fail(sm, "rank %d step %d: %s (ranks %s)", rank, step,
                         final ? "FINAL on a partial result" : "the final reduction lacks FINAL",
-                        (unsigned long long)v.ranks);
-        v.expr = st->flags & WEFT_STEP_RECV_FIRST ? expr_node(&sm->ex, y->expr, x->expr)
-                                                  : expr_node(&sm->ex, x->expr, y->expr);
+                        rset_format(v.ranks, sm->p, a, sizeof(a)));
+        if (sm->exprs_on)
+            v.expr = st->flags & WEFT_STEP_RECV_FIRST ? expr_node(&sm->ex, y->expr, x->expr)
+                                                      : expr_node(&sm->ex, x->expr, y->expr);
         if (final)
             v.origin = (int64_t)rank << 32 | step;
         runs_push(&sm->rc, off, v);
@@ -332,14 +393,27 @@ static bool deliver(struct sim *sm, int rank, int32_t step, const struct runs *i
 
 /* A receive's data is here and its deps are done: write or reduce it and
  * give its staging slot back. */
+/* Keeps rank's bit in sm->grantable true to free_slots && nwaiting. */
+static void grantable_update(struct sim *sm, int rank)
+{
+    const struct sim_rank *r = &sm->r[rank];
+    uint64_t bit = 1ull << (rank % 64);
+    if (r->free_slots > 0 && r->nwaiting > 0)
+        sm->grantable[rank / 64] |= bit;
+    else
+        sm->grantable[rank / 64] &= ~bit;
+}
+
 static bool finish_recv(struct sim *sm, int rank, int32_t step)
 {
     struct sim_rank *r = &sm->r[rank];
     if (!deliver(sm, rank, step, &r->staged[step]))
         return false;
     r->staged[step].n = 0;
-    if (r->s->steps[step].kind == WEFT_STEP_RECV_REDUCE && sm->slots > 0)
+    if (r->s->steps[step].kind == WEFT_STEP_RECV_REDUCE && sm->slots > 0) {
         r->free_slots++;
+        grantable_update(sm, rank);
+    }
     complete(sm, rank, step);
     return true;
 }
@@ -383,8 +457,10 @@ static bool post(struct sim *sm, int rank, int32_t step)
             take_data(sm, rank, step);
         return peer_state != S_POSTED || land(sm, pr, ps);
     }
-    if (st->kind == WEFT_STEP_RECV_REDUCE && sm->slots > 0)
+    if (st->kind == WEFT_STEP_RECV_REDUCE && sm->slots > 0) {
         r->free_slots--;
+        grantable_update(sm, rank);
+    }
     if (peer_state == S_POSTED)
         take_data(sm, pr, ps); /* unbuffered: the send was waiting for us */
     else if (peer_state != S_DONE)
@@ -431,7 +507,13 @@ static bool advance(struct sim *sm, int rank, int32_t step)
                 return true;
         /* Links are posted in order, so one waits per peer at most. */
         cr_assert(r->nwaiting < sm->p);
+        if (r->nwaiting == r->capwaiting) {
+            r->capwaiting = r->capwaiting ? 2 * r->capwaiting : 16;
+            r->waiting = realloc(r->waiting, (size_t)r->capwaiting * sizeof(int32_t));
+            cr_assert(r->waiting);
+        }
         r->waiting[r->nwaiting++] = step;
+        grantable_update(sm, rank);
         return true;
     }
     return post(sm, rank, step);
@@ -444,16 +526,18 @@ static bool advance(struct sim *sm, int rank, int32_t step)
 static bool grant_slot(struct sim *sm, bool *moved)
 {
     *moved = false;
-    for (int rank = 0; rank < sm->p; rank++) {
-        struct sim_rank *r = &sm->r[rank];
-        if (r->free_slots == 0 || r->nwaiting == 0)
+    for (int w = 0; w < (sm->p + 63) / 64; w++) {
+        if (!sm->grantable[w])
             continue;
+        int rank = w * 64 + __builtin_ctzll(sm->grantable[w]);
+        struct sim_rank *r = &sm->r[rank];
         int best = 0;
         for (int k = 1; k < r->nwaiting; k++)
             if (r->waiting[k] < r->waiting[best])
                 best = k;
         int32_t step = r->waiting[best];
         r->waiting[best] = r->waiting[--r->nwaiting];
+        grantable_update(sm, rank);
         *moved = true;
         return post(sm, rank, step);
     }
@@ -508,14 +592,11 @@ static bool run_all(struct sim *sm)
         r->state = calloc(n + 1, 1);
         r->dep_start = calloc(n + 2, sizeof(int32_t));
         r->staged = calloc(n + 1, sizeof(struct runs));
-        r->waiting = calloc((size_t)sm->p, sizeof(int32_t));
-        int32_t *last = malloc(2 * (size_t)sm->p * sizeof(int32_t));
+        int32_t *last = sm->last; /* all -1 between ranks */
         cr_assert(r->match_rank && r->match_step && r->ndeps && r->nunposted && r->prev_link &&
-                  r->next_link && r->state && r->dep_start && r->staged && r->waiting && last);
+                  r->next_link && r->state && r->dep_start && r->staged);
         r->free_slots = sm->slots;
         /* Links: sends to a peer, and receives of either kind from it. */
-        for (int k = 0; k < 2 * sm->p; k++)
-            last[k] = -1;
         for (size_t i = 0; i < n; i++) {
             const struct weft_step *st = &r->s->steps[i];
             r->prev_link[i] = r->next_link[i] = -1;
@@ -527,7 +608,9 @@ static bool run_all(struct sim *sm)
                 r->next_link[*l] = (int32_t)i;
             *l = (int32_t)i;
         }
-        free(last);
+        for (size_t i = 0; i < n; i++)
+            if (r->s->steps[i].kind != WEFT_STEP_COPY)
+                last[2 * r->s->steps[i].peer + (r->s->steps[i].kind == WEFT_STEP_SEND ? 0 : 1)] = -1;
         size_t ne = 0;
         for (size_t i = 0; i < n; i++)
             for (int k = 0; k < WEFT_STEP_MAX_DEPS; k++)
@@ -569,74 +652,212 @@ static bool run_all(struct sim *sm)
     return report_deadlock(sm);
 }
 
+static int cmp_size(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The atom (piece between two consecutive boundaries) that starts at addr. */
+static size_t atom_of(const size_t *bp, size_t nb, size_t addr)
+{
+    size_t lo = 0, hi = nb;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (bp[mid] < addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* check_races' state for one rank; every array is per step or per atom. */
+struct races {
+    const struct weft_step *steps;
+    size_t *rd, *wr;      /* address read / written, valid where hr / hw */
+    bool *hr, *hw;
+    size_t *bp;           /* sorted distinct boundaries of all accesses */
+    size_t nb;
+    int32_t *writer;      /* per atom: the last step that wrote it, -1 */
+    int32_t *readers;     /* per atom: head of its readers since that write in pool, -1 */
+    int32_t (*pool)[2];   /* (step, next) */
+    size_t npool, cappool;
+    int32_t *seen, *vis;  /* per step: the j that last looked at / reached it */
+    int32_t *want;        /* per step: the j it is pending for */
+    int32_t *pending, *stack;
+    size_t npending;
+};
+
+/* Step i touched memory that step j touches (one writing): it must be j's
+ * ancestor.  Direct deps are settled here, the rest by reach(). */
+static void consider(struct races *rc, int32_t i, int32_t j)
+{
+    if (i < 0 || i == j || rc->seen[i] == j)
+        return;
+    rc->seen[i] = j;
+    for (int k = 0; k < WEFT_STEP_MAX_DEPS; k++)
+        if (rc->steps[j].deps[k] == i)
+            return;
+    rc->want[i] = j;
+    rc->pending[rc->npending++] = i;
+}
+
+/* Walks j's ancestors back to the lowest pending step (steps only depend
+ * on earlier ones, so nothing below it can lead to it) until every pending
+ * step is reached; returns one that is not, or -1. */
+static int32_t reach(struct races *rc, int32_t j)
+{
+    int32_t lo = j;
+    for (size_t k = 0; k < rc->npending; k++)
+        lo = WEFT_MIN(lo, rc->pending[k]);
+    size_t left = rc->npending, top = 0;
+    rc->stack[top++] = j;
+    rc->vis[j] = j;
+    while (top && left) {
+        int32_t x = rc->stack[--top];
+        for (int k = 0; k < WEFT_STEP_MAX_DEPS; k++) {
+            int32_t d = rc->steps[x].deps[k];
+            if (d < lo || rc->vis[d] == j)
+                continue;
+            rc->vis[d] = j;
+            if (rc->want[d] == j)
+                left--;
+            rc->stack[top++] = d;
+        }
+    }
+    for (size_t k = 0; k < rc->npending; k++)
+        if (rc->vis[rc->pending[k]] != j)
+            return rc->pending[k];
+    return -1;
+}
+
 /* Any two steps of a rank that touch overlapping memory, one writing, must
- * be ordered by dependencies (an engine may run unordered steps at once). */
+ * be ordered by dependencies (an engine may run unordered steps at once).
+ * Steps go in index order, which is a topological order, keeping for each
+ * atom (a piece of memory no access boundary cuts) its last writer and the
+ * readers since; a step must descend from the last writer of what it reads,
+ * and from the last writer and readers of what it writes.  That covers
+ * every pair by transitivity: an earlier writer is an ancestor of the last
+ * one, an earlier reader of the write that ended its epoch.  Most of those
+ * are direct deps; the others cost one backward walk per step, bounded
+ * below by the earliest step in question. */
 static bool check_races(struct sim *sm, int rank)
 {
     const struct sim_rank *r = &sm->r[rank];
-    const struct weft_step *steps = r->s->steps;
-    size_t n = r->s->nsteps, words = (n + 63) / 64;
-    uint64_t *anc = calloc(n * words + 1, sizeof(uint64_t));
-    size_t *rd = malloc((n + 1) * sizeof(size_t)), *wr = malloc((n + 1) * sizeof(size_t));
-    bool *hr = calloc(n + 1, 1), *hw = calloc(n + 1, 1);
-    cr_assert(anc && rd && wr && hr && hw);
+    size_t n = r->s->nsteps;
+    if (n == 0)
+        return true;
+    struct races rc = { .steps = r->s->steps };
+    rc.rd = malloc(n * sizeof(size_t));
+    rc.wr = malloc(n * sizeof(size_t));
+    rc.hr = calloc(n, 1);
+    rc.hw = calloc(n, 1);
+    rc.bp = malloc(4 * n * sizeof(size_t));
+    rc.seen = malloc(n * sizeof(int32_t));
+    rc.vis = malloc(n * sizeof(int32_t));
+    rc.want = malloc(n * sizeof(int32_t));
+    rc.pending = malloc(n * sizeof(int32_t));
+    rc.stack = malloc(n * sizeof(int32_t));
+    cr_assert(rc.rd && rc.wr && rc.hr && rc.hw && rc.bp && rc.seen && rc.vis && rc.want && rc.pending &&
+              rc.stack);
     bool ok = true;
     for (size_t i = 0; i < n && ok; i++) {
-        const struct weft_step *st = &steps[i];
-        for (int k = 0; k < WEFT_STEP_MAX_DEPS; k++) {
-            int32_t d = st->deps[k];
-            if (d < 0)
-                continue;
-            for (size_t w = 0; w < words; w++)
-                anc[i * words + w] |= anc[(size_t)d * words + w];
-            anc[i * words + (size_t)d / 64] |= 1ull << (d % 64);
-        }
+        const struct weft_step *st = &rc.steps[i];
         size_t dst = addr_of(r, st->buf, st->off);
         size_t src = addr_of(r, st->src_buf, st->src_off);
+        rc.seen[i] = rc.vis[i] = rc.want[i] = -1;
         switch (st->kind) {
-        case WEFT_STEP_SEND: hr[i] = true, rd[i] = dst; break;
-        case WEFT_STEP_RECV: hw[i] = true, wr[i] = dst; break;
+        case WEFT_STEP_SEND: rc.hr[i] = true, rc.rd[i] = dst; break;
+        case WEFT_STEP_RECV: rc.hw[i] = true, rc.wr[i] = dst; break;
         default:
             if (st->kind == WEFT_STEP_COPY && src == dst)
                 break; /* the engine skips a copy onto itself */
-            hr[i] = hw[i] = true, rd[i] = src, wr[i] = dst;
+            rc.hr[i] = rc.hw[i] = true, rc.rd[i] = src, rc.wr[i] = dst;
             if (src != dst && src < dst + st->count && dst < src + st->count)
                 ok = fail(sm, "rank %d step %zu (%s): source and destination overlap partly",
                           rank, i, kind_name(st->kind));
             break;
         }
+        if (rc.hr[i])
+            rc.bp[rc.nb++] = rc.rd[i], rc.bp[rc.nb++] = rc.rd[i] + st->count;
+        if (rc.hw[i])
+            rc.bp[rc.nb++] = rc.wr[i], rc.bp[rc.nb++] = rc.wr[i] + st->count;
     }
-    for (size_t j = 0; j < n && ok; j++) {
-        for (size_t i = 0; i < j && ok; i++) {
-            if (anc[j * words + i / 64] >> (i % 64) & 1)
-                continue;
-            size_t ci = steps[i].count, cj = steps[j].count;
-#define OVL(a, b) ((a) < (b) + cj && (b) < (a) + ci)
-            bool clash = (hw[i] && hw[j] && OVL(wr[i], wr[j])) ||
-                         (hw[i] && hr[j] && OVL(wr[i], rd[j])) ||
-                         (hr[i] && hw[j] && OVL(rd[i], wr[j]));
-#undef OVL
-            if (clash)
-                ok = fail(sm, "rank %d: steps %zu (%s) and %zu (%s) touch the same memory "
-                          "unordered", rank, i, kind_name(steps[i].kind), j,
-                          kind_name(steps[j].kind));
+    qsort(rc.bp, rc.nb, sizeof(size_t), cmp_size);
+    size_t nb = 0;
+    for (size_t k = 0; k < rc.nb; k++)
+        if (nb == 0 || rc.bp[nb - 1] != rc.bp[k])
+            rc.bp[nb++] = rc.bp[k];
+    rc.nb = nb;
+    rc.writer = malloc((nb + 1) * sizeof(int32_t));
+    rc.readers = malloc((nb + 1) * sizeof(int32_t));
+    cr_assert(rc.writer && rc.readers);
+    memset(rc.writer, 0xff, (nb + 1) * sizeof(int32_t));
+    memset(rc.readers, 0xff, (nb + 1) * sizeof(int32_t));
+    for (size_t jj = 0; jj < n && ok; jj++) {
+        int32_t j = (int32_t)jj;
+        size_t cnt = rc.steps[j].count;
+        size_t ra = rc.hr[j] ? atom_of(rc.bp, nb, rc.rd[j]) : 0;
+        size_t wa = rc.hw[j] ? atom_of(rc.bp, nb, rc.wr[j]) : 0;
+        rc.npending = 0;
+        for (size_t a = ra; rc.hr[j] && rc.bp[a] < rc.rd[j] + cnt; a++)
+            consider(&rc, rc.writer[a], j);
+        for (size_t a = wa; rc.hw[j] && rc.bp[a] < rc.wr[j] + cnt; a++) {
+            consider(&rc, rc.writer[a], j);
+            for (int32_t e = rc.readers[a]; e >= 0; e = rc.pool[e][1])
+                consider(&rc, rc.pool[e][0], j);
+        }
+        int32_t i = rc.npending ? reach(&rc, j) : -1;
+        if (i >= 0) {
+            ok = fail(sm, "rank %d: steps %d (%s) and %d (%s) touch the same memory unordered",
+                      rank, i, kind_name(rc.steps[i].kind), j, kind_name(rc.steps[j].kind));
+            break;
+        }
+        for (size_t a = ra; rc.hr[j] && rc.bp[a] < rc.rd[j] + cnt; a++) {
+            if (rc.npool == rc.cappool) {
+                rc.cappool = rc.cappool ? 2 * rc.cappool : 1024;
+                rc.pool = realloc(rc.pool, rc.cappool * sizeof(*rc.pool));
+                cr_assert(rc.pool);
+            }
+            rc.pool[rc.npool][0] = j;
+            rc.pool[rc.npool][1] = rc.readers[a];
+            rc.readers[a] = (int32_t)rc.npool++;
+        }
+        for (size_t a = wa; rc.hw[j] && rc.bp[a] < rc.wr[j] + cnt; a++) {
+            rc.writer[a] = j;
+            rc.readers[a] = -1;
         }
     }
-    free(anc);
-    free(rd);
-    free(wr);
-    free(hr);
-    free(hw);
+    free(rc.rd);
+    free(rc.wr);
+    free(rc.hr);
+    free(rc.hw);
+    free(rc.bp);
+    free(rc.writer);
+    free(rc.readers);
+    free(rc.pool);
+    free(rc.seen);
+    free(rc.vis);
+    free(rc.want);
+    free(rc.pending);
+    free(rc.stack);
     return ok;
 }
 
 /* What every rank's recvbuf must hold at the end. */
 static bool check_outputs(struct sim *sm)
 {
-    uint64_t all = sm->p == 64 ? ~0ull : (1ull << sm->p) - 1;
     size_t n = sm->count;
     struct runs ref = { 0 };
     bool ok = true;
+    /* Deterministic mode: every reduced element is ((x0 x1) x2) ... x(p-1). */
+    bool fold = sm->ordered && (sm->coll == WEFT_COLL_ALLREDUCE ||
+                                sm->coll == WEFT_COLL_REDUCE_SCATTER ||
+                                sm->coll == WEFT_COLL_REDUCE);
+    int32_t left_fold = 0;
+    for (int k = 1; fold && k < sm->p; k++)
+        left_fold = expr_node(&sm->ex, left_fold, k);
     for (int rank = 0; rank < sm->p && ok; rank++) {
         struct sim_rank *r = &sm->r[rank];
         if (sm->coll == WEFT_COLL_REDUCE && rank != sm->root)
@@ -648,7 +869,7 @@ static bool check_outputs(struct sim *sm)
             size_t end = k + 1 < sm->ra.n ? sm->ra.r[k + 1].off : len;
             const struct val *v = &sm->ra.r[k].v;
             /* Expected source rank set and position of element off. */
-            uint64_t want_ranks = all;
+            struct rset want_ranks = sm->all;
             int64_t want_delta = 0; /* position - index */
             if (sm->coll == WEFT_COLL_REDUCE_SCATTER) {
                 want_delta = (int64_t)((size_t)rank * n);
@@ -657,16 +878,25 @@ static bool check_outputs(struct sim *sm)
                 if ((end - 1) / n != b)
                     ok = fail(sm, "rank %d recv[%zu..%zu): one run spans two ranks' blocks",
                               rank, off, end);
-                want_ranks = 1ull << b;
+                want_ranks = rset_one((int)b);
                 want_delta = -(int64_t)(b * n);
             } else if (sm->coll == WEFT_COLL_BROADCAST) {
-                want_ranks = 1ull << sm->root;
+                want_ranks = rset_one(sm->root);
             }
-            if (ok && (v->flags || v->ranks != want_ranks || v->delta != want_delta))
-                ok = fail(sm, "rank %d recv[%zu..%zu): holds ranks 0x%llx position %+lld "
-                          "flags %u, wants ranks 0x%llx position %+lld",
-                          rank, off, end, (unsigned long long)v->ranks, (long long)v->delta,
-                          v->flags, (unsigned long long)want_ranks, (long long)want_delta);
+            char a[96], b[96];
+            if (ok && (v->flags || !rset_eq(v->ranks, want_ranks) || v->delta != want_delta))
+                ok = fail(sm, "rank %d recv[%zu..%zu): holds ranks %s position %+lld "
+                          "flags %u, wants ranks %s position %+lld",
+                          rank, off, end, rset_format(v->ranks, sm->p, a, sizeof(a)),
+                          (long long)v->delta, v->flags,
+                          rset_format(want_ranks, sm->p, b, sizeof(b)), (long long)want_delta);
+            if (ok && fold && v->expr != left_fold) {
+                char got[200] = "";
+                expr_format(&sm->ex, v->expr, got, sizeof(got), 0);
+                ok = fail(sm, "rank %d recv[%zu..%zu) is %s, not the left fold "
+                          "(((x0 x1) x2) ... x%d) of deterministic mode",
+                          rank, off, end, got, sm->p - 1);
+            }
         }
         /* Allreduce, ring: every rank holds the value made by the same FINAL
          * step.  Recursive doubling: every rank computes the result itself
@@ -722,7 +952,7 @@ static bool check_outputs(struct sim *sm)
 
 static void sim_free(struct sim *sm)
 {
-    for (int i = 0; i < MAXP; i++) {
+    for (int i = 0; i < sm->p; i++) {
         struct sim_rank *r = &sm->r[i];
         free(r->mem.s);
         free(r->match_rank);
@@ -745,6 +975,9 @@ static void sim_free(struct sim *sm)
     free(sm->stack);
     free(sm->ex.node);
     free(sm->ex.slot);
+    free(sm->r);
+    free(sm->grantable);
+    free(sm->last);
 }
 
 /* The slot count the engine runs with (src/op.c clamps it the same way). */
@@ -754,29 +987,41 @@ int engine_slots(void)
     return (int)WEFT_MAX(WEFT_MIN(n, 1024), 1);
 }
 
-/* Runs the given schedules (one per rank) of a collective, made by algo,
- * in and out of place; false with err filled on the first problem.  With
- * outputs false, only the static checks and the execution (deadlocks, what
- * the reductions combine) count, not what the ranks end up holding. */
-bool simulate(int algo, int coll, int p, int root, size_t count, struct weft_schedule *sch,
-              int slots, bool outputs, char *err, size_t errlen)
+/* Checks the schedules sch (one per rank) built from d, in and out of
+ * place; outputs: see simulate. */
+static bool run_checks(const struct weft_coll_desc *d, struct weft_schedule *sch, int slots,
+                       bool outputs, char *err, size_t errlen)
 {
     bool ok = true;
+    int p = d->nranks;
     for (int mode = 0; mode < 2 && ok; mode++) {
         struct sim *sm = calloc(1, sizeof(*sm));
         cr_assert(sm);
-        sm->coll = coll;
-        sm->algo = algo;
+        sm->coll = d->coll;
+        sm->algo = PLAN(d->algo, d->variant);
+        sm->ordered = d->ordered;
+        sm->nnodes = d->node ? d->nnodes : 1;
         sm->buffered = slots == SLOTS_BUFFERED;
         sm->slots = WEFT_MAX(slots, 0);
         sm->p = p;
-        sm->root = root;
-        sm->count = count;
+        sm->root = d->root;
+        sm->count = d->count;
         sm->inplace = mode == 1;
+        sm->exprs_on = d->ordered || p <= 64 ||
+                       (d->algo == WEFT_ALGO_RHD && d->coll == WEFT_COLL_ALLREDUCE);
+        sm->ex.base = p;
+        sm->r = calloc((size_t)p, sizeof(*sm->r));
+        sm->grantable = calloc((size_t)(p + 63) / 64, sizeof(uint64_t));
+        sm->last = malloc(2 * (size_t)p * sizeof(int32_t));
+        cr_assert(sm->r && sm->grantable && sm->last);
+        memset(sm->last, 0xff, 2 * (size_t)p * sizeof(int32_t));
+        for (int rank = 0; rank < p; rank++)
+            sm->all = rset_add(sm->all, rset_one(rank));
         for (int rank = 0; rank < p; rank++) {
-            struct weft_coll_desc d = { coll, rank, p, root, count, 1, PLAN_ALGO(algo), PLAN_VAR(algo), 0, NULL, 0 };
+            struct weft_coll_desc rd = *d;
+            rd.rank = rank;
             sm->r[rank].s = &sch[rank];
-            layout(sm, rank, &d, sch[rank].scratch_count);
+            layout(sm, rank, &rd, sch[rank].scratch_count);
         }
         for (int rank = 0; rank < p && ok; rank++)
             ok = check_steps(sm, rank) && check_races(sm, rank);
@@ -789,9 +1034,28 @@ bool simulate(int algo, int coll, int p, int root, size_t count, struct weft_sch
     return ok;
 }
 
+/* Runs the given schedules (one per rank) of a collective, made by algo
+ * (a PLAN), in and out of place; false with err filled on the first
+ * problem.  With outputs false, only the static checks and the execution
+ * (deadlocks, what the reductions combine) count, not what the ranks end up
+ * holding. */
+bool simulate(int algo, int coll, int p, int root, size_t count, struct weft_schedule *sch,
+              int slots, bool outputs, char *err, size_t errlen)
+{
+    struct weft_coll_desc d = { coll, 0, p, root, count, 1, PLAN_ALGO(algo), PLAN_VAR(algo),
+                                0, NULL, 0 };
+    return run_checks(&d, sch, slots, outputs, err, errlen);
+}
+
 /* Checks the given schedules of a collective completely. */
 bool verify(int algo, int coll, int p, int root, size_t count, struct weft_schedule *sch,
             int slots, char *err, size_t errlen)
 {
     return simulate(algo, coll, p, root, count, sch, slots, true, err, errlen);
+}
+
+bool verify_desc(const struct weft_coll_desc *d, struct weft_schedule *sch, int slots, char *err,
+                 size_t errlen)
+{
+    return run_checks(d, sch, slots, true, err, errlen);
 }

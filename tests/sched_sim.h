@@ -23,7 +23,29 @@
  * order included (hash-consed, so equal trees have equal ids).  Equal trees
  * mean equal bits whatever the datatype and op; that is how the recursive
  * doubling schedules, where every rank computes the result itself, are
- * proved to give all ranks the same bits.
+ * proved to give all ranks the same bits, and how deterministic mode is
+ * proved to fold x0 op x1 op ... op x(p-1) left to right.  Trees are built
+ * only where a check reads them (rhd allreduce, ordered, p <= 64): a ring
+ * at thousands of ranks would make p^2 distinct nodes nobody compares.
+ *
+ * Which ranks' inputs an element holds is a struct rset: exact for ranks
+ * 0..63 (a bitset, as before), and for all ranks a contribution count plus
+ * the sum mod 2^64 of a fixed pseudo-random 64-bit key per rank.  A value
+ * holds every rank exactly once when its count is p and its sum is the sum
+ * of all keys.  Why that is sound: a multiset M of ranks with |M| = p that
+ * is not {0..p-1} differs from it by a non-zero vector c of multiplicities
+ * with |c_i| <= p, and its sum matches only when sum c_i*key_i = 0 mod 2^64;
+ * for independent uniform keys that happens with probability 2^-(64-v),
+ * where 2^v (v <= log2 p) is the largest power of two dividing every c_i,
+ * so below 2^-51 even at p = 8192.  The keys come from splitmix64, fixed
+ * for reproducible runs; schedules are not built against them.  A value
+ * with more than p contributions, or two that share a rank below 64, is
+ * caught as a duplicate where it is combined; any other duplicate or loss
+ * shows as a wrong count or sum at the FINAL step or in the output.
+ *
+ * Cost: the race check and the execution are close to linear in the steps
+ * of all ranks (see check_races), about 1.3 us a step in and out of place;
+ * the steps themselves (2p^2 for a ring allgather) are the limit.
  */
 #ifndef WEFT_TEST_SCHED_SIM_H
 #define WEFT_TEST_SCHED_SIM_H
@@ -33,8 +55,6 @@
 #include <stdint.h>
 
 #include "algorithms/schedule.h"
-
-#define MAXP 64
 
 /* The tests name a schedule by one int, algo | variant << 8. */
 #define PLAN(a, v) ((a) | (v) << 8)
@@ -51,16 +71,24 @@
 
 enum { V_UNINIT = 1, V_DUP = 2, V_MISPLACED = 4 };
 
+/* The ranks whose inputs are combined in a value (see the comment above):
+ * low is exact for ranks 0..63; n and sum cover every rank. */
+struct rset {
+    uint64_t low; /* bit r: rank r < 64 contributes */
+    uint64_t sum; /* sum of rank_key(r) over the contributions, mod 2^64 */
+    uint32_t n;   /* contributions */
+};
+
 /* What one element holds: the set of ranks whose input is combined in it,
  * the input position it stands for (address + delta, so a run of elements
  * copied together shares one delta), the FINAL reduction it came from, and
  * the expression that computed it. */
 struct val {
-    uint64_t ranks;
+    struct rset ranks;
     int64_t delta;
     int64_t origin; /* rank << 32 | step of the FINAL reduction, or -1 */
     uint32_t flags; /* V_* */
-    int32_t expr;   /* < MAXP: rank expr's input; >= MAXP: a node of sim.ex; -1: none */
+    int32_t expr;   /* < exprs.base: that rank's input; above: a node of sim.ex; -1: none */
 };
 
 /* A run inside a region read out of memory: off is relative to the region,
@@ -81,15 +109,27 @@ struct segmap {
     size_t n, cap, size;
 };
 
-/* Hash-consed expression nodes: node i (id MAXP + i) is l op r, in that
+/* Hash-consed expression nodes: node i (id base + i) is l op r, in that
  * operand order; a pair is stored once, so two trees are the same
- * expression exactly when their ids are equal. */
+ * expression exactly when their ids are equal.  Ids below base are the
+ * ranks' inputs (base = p). */
 struct exprs {
     int32_t (*node)[2];
     size_t n, cap;
     int32_t *slot; /* open addressing over node ids, -1 empty; hcap a power of two */
     size_t hcap;
+    int32_t base;
 };
+
+/* Rank r's key: splitmix64 of r, fixed. */
+uint64_t rank_key(int r);
+/* {r}; and the union of two sets (as multisets: counts and sums add). */
+struct rset rset_one(int r);
+struct rset rset_add(struct rset a, struct rset b);
+bool rset_eq(struct rset a, struct rset b);
+/* Writes s for messages: "0x..." (the bitset) when p <= 64, else its count,
+ * low bits and key sum. */
+const char *rset_format(struct rset s, int p, char *buf, size_t len);
 
 bool val_eq(const struct val *a, const struct val *b);
 /* Appends the value v from off on (merged into the last run when equal). */
@@ -112,14 +152,20 @@ size_t expr_format(const struct exprs *e, int32_t id, char *out, size_t len, siz
 int engine_slots(void);
 /* "SEND", "RECV", "RECV_REDUCE", "COPY" for a step kind, "?" for others. */
 const char *kind_name(int k);
-/* Runs the given schedules (one per rank) of a collective, made by algo,
- * in and out of place; false with err filled on the first problem.  With
- * outputs false, only the static checks and the execution (deadlocks, what
- * the reductions combine) count, not what the ranks end up holding. */
+/* Runs the given schedules (one per rank) of a collective, made by algo
+ * (a PLAN), in and out of place; false with err filled on the first
+ * problem.  With outputs false, only the static checks and the execution
+ * (deadlocks, what the reductions combine) count, not what the ranks end up
+ * holding. */
 bool simulate(int algo, int coll, int p, int root, size_t count, struct weft_schedule *sch,
               int slots, bool outputs, char *err, size_t errlen);
 /* Checks the given schedules of a collective completely. */
 bool verify(int algo, int coll, int p, int root, size_t count, struct weft_schedule *sch,
             int slots, char *err, size_t errlen);
+/* The same for schedules built from d (d->rank ignored): with d->ordered,
+ * every reduced output element must also be the left fold
+ * ((x0 op x1) op x2) ... op x(p-1). */
+bool verify_desc(const struct weft_coll_desc *d, struct weft_schedule *sch, int slots, char *err,
+                 size_t errlen);
 
 #endif /* WEFT_TEST_SCHED_SIM_H */

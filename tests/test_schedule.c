@@ -1,12 +1,14 @@
 /*
  * test_schedule.c - the schedule tests: every ring, recursive doubling and
- * binomial tree schedule proved correct by the checker in sched_sim.c, broken schedules it
- * must catch, engine deadlocks, and the schedule container itself.
+ * binomial tree schedule proved correct by the checker in sched_sim.c, the
+ * matrix of every algorithm x collective x rank count up to 4097, broken
+ * schedules it must catch, engine deadlocks, and the schedule container.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "sched_sim.h"
 
@@ -34,16 +36,22 @@ static void free_all(int p, struct weft_schedule *sch)
 static void check_sched(int algo, int coll, int p, int root, size_t count, size_t chunk,
                         int slots)
 {
-    struct weft_schedule sch[MAXP];
+    struct weft_schedule *sch = calloc((size_t)p, sizeof(*sch));
     char err[700];
+    cr_assert(sch);
     build_all(algo, coll, p, root, count, chunk, sch);
     bool ok = verify(algo, coll, p, root, count, sch, slots, err, sizeof(err));
     free_all(p, sch);
+    free(sch);
     cr_assert(ok, "chunk %zu: %s", chunk, err);
 }
 
+/* The rank counts the per-algorithm matrices run (the matrix tests below
+ * go further): at most 64. */
+#define SMALLP 64
+
 /* Fills ps with pmin..pmax, then 31 and 64 when with_big; returns how many. */
-static int rank_counts(int pmin, int pmax, bool with_big, int ps[MAXP])
+static int rank_counts(int pmin, int pmax, bool with_big, int ps[SMALLP])
 {
     int np = 0;
     for (int p = pmin; p <= pmax; p++)
@@ -58,7 +66,7 @@ static int rank_counts(int pmin, int pmax, bool with_big, int ps[MAXP])
 /* Ranks pmin..pmax, then 31 and 64 when with_big; slots: see verify. */
 static void ring_matrix(int coll, int pmin, int pmax, bool with_big, int slots)
 {
-    int ps[MAXP], np = rank_counts(pmin, pmax, with_big, ps);
+    int ps[SMALLP], np = rank_counts(pmin, pmax, with_big, ps);
     for (int i = 0; i < np; i++) {
         int p = ps[i];
         /* Allgather and reduce_scatter count per block, the others per
@@ -71,7 +79,7 @@ static void ring_matrix(int coll, int pmin, int pmax, bool with_big, int slots)
         size_t uneven = per_block ? 4 : 9 * (size_t)p + 1;
         size_t counts[] = { 0, 1, (size_t)p - 1, (size_t)p + 1, 1000003, small, uneven };
         size_t chunks[] = { 1 << 20, 1 << 20, 1 << 20, 1 << 20, big, 3, 3 };
-        int roots[MAXP], nroots = 0;
+        int roots[SMALLP], nroots = 0;
         bool rooted = coll == WEFT_COLL_BROADCAST || coll == WEFT_COLL_REDUCE;
         if (!rooted || p <= 16) {
             for (int r = 0; r < (rooted ? p : 1); r++)
@@ -215,7 +223,7 @@ Test(ring, rebuild_reuses_schedule)
  * leave a partial last chunk, one chunk and many. */
 static void tree_matrix(int pmin, int pmax, bool with_big, int slots)
 {
-    int ps[MAXP], np = rank_counts(pmin, pmax, with_big, ps);
+    int ps[SMALLP], np = rank_counts(pmin, pmax, with_big, ps);
     for (int i = 0; i < np; i++) {
         size_t p = (size_t)ps[i];
         size_t counts[] = { 0, 1, p - 1, p + 1, 1000003, 10 * p + 7 };
@@ -270,7 +278,7 @@ Test(tree, shape_and_refusals)
  * slots: see verify. */
 static void rd_matrix(int pmin, int pmax, bool with_big, int slots)
 {
-    int ps[MAXP], np = rank_counts(pmin, pmax, with_big, ps);
+    int ps[SMALLP], np = rank_counts(pmin, pmax, with_big, ps);
     for (int i = 0; i < np; i++) {
         size_t p = (size_t)ps[i];
         size_t counts[] = { 0, 1, p - 1, p + 1, 1000003, 10 * p + 7, 9 * p + 1 };
@@ -447,6 +455,194 @@ Test(schedule, build_dispatches_on_algo)
     weft_sched_free(&b);
 }
 
+/* ---- the matrix: every algorithm, variant, collective and rank count ----------------- */
+
+/* What the matrix ran in one group, for its timing line. */
+struct mstats {
+    size_t cases;       /* schedule sets checked (each in and out of place) */
+    size_t steps;       /* steps in them, all ranks */
+    size_t unsupported; /* combinations a builder refused with WEFT_ERR_UNSUPPORTED */
+    size_t over;        /* schedule sets over MATRIX_STEPS, not checked */
+};
+
+/* Most steps (all ranks) one checked schedule set may have: about 1.3 us
+ * a step in and out of place here, so a second.  A ring allgather has
+ * 2p^2 steps, 2M at p = 1000: at the largest rank counts only what grows
+ * slower than p^2 (or counts 0 and 1) fits; the group line says how many
+ * sets were left out. */
+#define MATRIX_STEPS ((size_t)1 << 20)
+
+/* Builds d's schedule on every rank and checks it.  weft_algo_serves
+ * claims the combination, so any error but WEFT_ERR_UNSUPPORTED (a rank
+ * count or node map the variant does not take) fails. */
+static void matrix_case(struct weft_coll_desc d, struct mstats *ms)
+{
+    int p = d.nranks;
+    struct weft_schedule *sch = calloc((size_t)p, sizeof(*sch));
+    cr_assert(sch);
+    size_t steps = 0;
+    int built = 0;
+    weft_status_t st = WEFT_OK;
+    for (; built < p; built++) {
+        d.rank = built;
+        weft_sched_init(&sch[built]);
+        st = weft_sched_build(&d, &sch[built]);
+        if (st != WEFT_OK)
+            break;
+        steps += sch[built].nsteps;
+        if (steps > MATRIX_STEPS) {
+            ms->over++;
+            free_all(built + 1, sch);
+            free(sch);
+            return;
+        }
+    }
+    if (st == WEFT_ERR_UNSUPPORTED) {
+        ms->unsupported++;
+        free_all(built + 1, sch);
+        free(sch);
+        return;
+    }
+    cr_assert(st == WEFT_OK, "%s variant %d %s p=%d rank %d root=%d count=%zu chunk=%zu "
+              "ordered=%d nnodes=%d: %s (%s)", weft_algo_name(d.algo), d.variant,
+              weft_coll_name(d.coll), p, built, d.root, d.count, d.chunk, d.ordered, d.nnodes,
+              weft_status_string(st), weft_last_error(NULL));
+    char err[700];
+    bool ok = verify_desc(&d, sch, engine_slots(), err, sizeof(err));
+    free_all(p, sch);
+    free(sch);
+    cr_assert(ok, "chunk %zu: %s", d.chunk, err);
+    ms->cases++;
+    ms->steps += steps;
+}
+
+/* Node maps hier runs under: one node, blocks of 2 and of 4 ranks, and
+ * uneven nodes of 3, 1, 2, 3, 1, 2, ... ranks.  Returns how many; node[m]
+ * is NULL for the one-node map. */
+static int node_maps(int p, int *node[4], int nnodes[4])
+{
+    node[0] = NULL;
+    nnodes[0] = 1;
+    for (int m = 1; m < 4; m++) {
+        node[m] = malloc((size_t)p * sizeof(int));
+        cr_assert(node[m]);
+    }
+    static const int uneven[] = { 3, 1, 2 };
+    int n = 0, left = uneven[0];
+    for (int r = 0; r < p; r++) {
+        node[1][r] = r / 2;
+        node[2][r] = r / 4;
+        if (left == 0)
+            left = uneven[++n % 3];
+        node[3][r] = n;
+        left--;
+    }
+    nnodes[1] = (p + 1) / 2;
+    nnodes[2] = (p + 3) / 4;
+    nnodes[3] = n + 1;
+    return 4;
+}
+
+/* Every (algo, variant) that serves coll, on p ranks: counts 0, 1, p-1, p+1
+ * and a large odd one in single chunks, below 17 ranks also a pipelined
+ * 10p+7 in chunks of 3; rooted collectives from roots 0, p-1, p/2 (all of
+ * them up to 8 ranks); hier under every node map of node_maps; with
+ * ordered, the ring's reductions in deterministic mode only. */
+static void matrix_p(int p, bool ordered, struct mstats *ms)
+{
+    int *node[4], nnodes[4];
+    int nmaps = node_maps(p, node, nnodes);
+    size_t up = (size_t)p;
+    size_t counts[] = { 0, 1, up - 1, up + 1, 1000003, 10 * up + 7 };
+    size_t chunks[] = { 1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20, 3 };
+    size_t ncounts = p <= 16 ? 6 : 5;
+    for (int coll = 0; coll <= WEFT_COLL_REDUCE; coll++) {
+        bool rooted = coll == WEFT_COLL_BROADCAST || coll == WEFT_COLL_REDUCE;
+        int roots[8], nroots = 0;
+        if (rooted && p <= 8) {
+            for (int r = 0; r < p; r++)
+                roots[nroots++] = r;
+        } else if (rooted) {
+            int pick[] = { 0, p - 1, p / 2 };
+            for (int k = 0; k < 3; k++)
+                roots[nroots++] = pick[k];
+        } else {
+            roots[nroots++] = 0;
+        }
+        bool reduces = coll == WEFT_COLL_ALLREDUCE || coll == WEFT_COLL_REDUCE_SCATTER ||
+                       coll == WEFT_COLL_REDUCE;
+        for (int algo = 0; algo < WEFT_ALGO_COUNT; algo++)
+            for (int var = 0; var < WEFT_VAR_COUNT; var++) {
+                if (!weft_algo_serves(algo, var, coll))
+                    continue;
+                if (ordered && (algo != WEFT_ALGO_RING || !reduces))
+                    continue;
+                int maps = algo == WEFT_ALGO_HIER ? nmaps : 1;
+                for (int m = 0; m < maps; m++)
+                    for (size_t c = 0; c < ncounts; c++)
+                        for (int r = 0; r < nroots; r++) {
+                            struct weft_coll_desc d = {
+                                coll, 0, p, roots[r], counts[c], chunks[c], algo, var,
+                                ordered, node[m], nnodes[m] };
+                            matrix_case(d, ms);
+                        }
+            }
+    }
+    for (int m = 1; m < nmaps; m++)
+        free(node[m]);
+}
+
+/* Runs the matrix for each rank count in ps and says how long it took. */
+static void matrix_group(const char *name, const int *ps, size_t nps, bool ordered)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    struct mstats ms = { 0 };
+    for (size_t i = 0; i < nps; i++)
+        matrix_p(ps[i], ordered, &ms);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    fprintf(stderr, "matrix %s: %zu schedule sets, %zu steps, %zu unsupported, %zu over %zu "
+            "steps, %.2f s\n", name, ms.cases, ms.steps, ms.unsupported, ms.over, MATRIX_STEPS, s);
+    cr_assert(ms.cases > 0, "matrix %s checked nothing", name);
+}
+
+static void matrix_range(const char *name, int pmin, int pmax, bool ordered)
+{
+    int ps[64];
+    size_t n = 0;
+    for (int p = pmin; p <= pmax; p++)
+        ps[n++] = p;
+    matrix_group(name, ps, n, ordered);
+}
+
+Test(matrix, p1_16) { matrix_range("p=1..16", 1, 16, false); }
+Test(matrix, p17_40) { matrix_range("p=17..40", 17, 40, false); }
+Test(matrix, p41_64) { matrix_range("p=41..64", 41, 64, false); }
+Test(matrix, p96_128)
+{
+    int ps[] = { 96, 100, 127, 128 };
+    matrix_group("p=96,100,127,128", ps, 4, false);
+}
+Test(matrix, p1000_1024)
+{
+    int ps[] = { 1000, 1024 };
+    matrix_group("p=1000,1024", ps, 2, false);
+}
+Test(matrix, p4097)
+{
+    int ps[] = { 4097 };
+    matrix_group("p=4097", ps, 1, false);
+}
+
+/* Deterministic mode: the ring's allreduce, reduce_scatter and reduce must
+ * fold every element as ((x0 op x1) op x2) ... op x(p-1). */
+Test(matrix, ordered)
+{
+    int ps[] = { 1, 2, 3, 4, 5, 7, 8, 13, 16, 31, 64, 100, 128 };
+    matrix_group("ordered", ps, sizeof(ps) / sizeof(ps[0]), true);
+}
+
 /* ---- the checker catches broken schedules ----------------------------------------- */
 
 /* Builds a correct schedule set, lets mutate() break it, and expects the
@@ -455,15 +651,17 @@ static void expect_caught_algo(int algo, int coll, int p, int root, size_t count
                                void (*mutate)(struct weft_schedule *sch, int p),
                                const char *needle)
 {
-    struct weft_schedule sch[MAXP];
+    struct weft_schedule *sch = calloc((size_t)p, sizeof(*sch));
     char err[700] = "";
     int slots = engine_slots();
+    cr_assert(sch);
     build_all(algo, coll, p, root, count, chunk, sch);
     cr_assert(verify(algo, coll, p, root, count, sch, slots, err, sizeof(err)),
               "baseline: %s", err);
     mutate(sch, p);
     bool ok = verify(algo, coll, p, root, count, sch, slots, err, sizeof(err));
     free_all(p, sch);
+    free(sch);
     if (needle == NULL) {
         cr_assert(ok, "a harmless change was rejected: %s", err);
         return;
@@ -627,6 +825,42 @@ Test(checker, catches_broken_schedules)
     expect_caught(WEFT_COLL_REDUCE_SCATTER, 3, 0, 30, 100, write_sendbuf, "writes sendbuf");
     expect_caught(WEFT_COLL_ALLREDUCE, 3, 0, 30, 100, count_mismatch, "step 0 sends");
 }
+/* Past 64 ranks the rank set is a count and a key sum (sched_sim.h); rank
+ * 80's inputs are beyond the exact bits. */
+static void drop_input_80(struct weft_schedule *sch, int p)
+{
+    /* Rank 80's first reduce-scatter step takes the partial sum without
+     * adding its own input: block 79 ends up with 99 contributions. */
+    struct weft_step *st = find_step(&sch[80], WEFT_STEP_RECV_REDUCE, 0);
+    st->kind = WEFT_STEP_RECV;
+    st->flags = 0;
+}
+
+static void reduce_twice_80(struct weft_schedule *sch, int p)
+{
+    recv_to_reduce(&sch[80], 1);
+}
+
+Test(checker, rank_sets_past_64)
+{
+    expect_caught(WEFT_COLL_ALLREDUCE, 100, 0, 1000, 1 << 20, drop_input_80,
+                  "FINAL on a partial result (ranks {99 contributions, ranks<64 "
+                  "0xffffffffffffffff");
+    expect_caught(WEFT_COLL_ALLREDUCE, 100, 0, 1000, 1 << 20, reduce_twice_80,
+                  "combines rank input twice");
+    /* A count of 100 with rank 81 twice and 80 missing is not all ranks:
+     * the exact bits agree, only the key sum tells. */
+    struct rset all = { 0 }, swapped = { 0 };
+    for (int r = 0; r < 100; r++) {
+        all = rset_add(all, rset_one(r));
+        swapped = rset_add(swapped, rset_one(r == 80 ? 81 : r));
+    }
+    cr_assert(all.n == 100 && swapped.n == 100 && all.low == swapped.low);
+    cr_assert(!rset_eq(all, swapped));
+    cr_assert(rset_eq(all, rset_add(rset_add((struct rset){ 0 }, swapped),
+                                    (struct rset){ 0, rank_key(80) - rank_key(81), 0 })));
+}
+
 /* ---- broken recursive doubling schedules ---- */
 
 static struct weft_step *nth_reduce(struct weft_schedule *s, int nth)
