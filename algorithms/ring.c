@@ -15,6 +15,10 @@
  * same-rank hazard (read after write, write after read), including those
  * that only exist when sendbuf and recvbuf are the same memory, so an engine
  * may run any step whose deps are complete.
+ *
+ * With desc->ordered (deterministic mode) the reducing collectives run
+ * chains in rank order instead (see "ordered" below), which fix the order
+ * every element is combined in.
  */
 #include "algorithms/schedule.h"
 
@@ -345,6 +349,137 @@ static weft_status_t build_reduce(struct ring *g, size_t n, int root)
     return WEFT_OK;
 }
 
+/* ---- ordered: deterministic mode ---------------------------------------------------
+ * Every element is combined in one fixed order, the left fold
+ * ((x0 op x1) op x2) ... op x(p-1), whatever the count, the chunk and the
+ * rank that wants the result.  A chain 0 -> 1 -> ... -> p-1 runs chunk by
+ * chunk: rank 0 sends its input, rank r > 0 receives the partial result of
+ * ranks 0..r-1 and combines it as the left operand (RECV_FIRST) with its
+ * own input; rank p-1 makes the result, with FINAL, and every other rank
+ * that needs it receives those bits instead of computing its own.  The
+ * chain walks rank order, not the ring from the root: the order must not
+ * depend on the root either. */
+
+/* Appends a step to or from a chain neighbour (or any peer). */
+static weft_status_t emit_to(struct ring *g, int kind, int flags, int buf, int peer, size_t off,
+                             size_t src_off, size_t count, int32_t dep, int32_t *idx)
+{
+    int src = kind == WEFT_STEP_RECV_REDUCE ? WEFT_BUF_SEND : buf; /* the input is the operand */
+    return emit(g, kind, flags, buf, src, peer, off, src_off, count, dep, idx);
+}
+
+/* Rank r's chain step for one chunk: rank 0 sends its input at off, the
+ * others receive the partial sum and combine it with their input at off
+ * into buf[dst]; *idx gets the step. */
+static weft_status_t chain_step(struct ring *g, int buf, size_t dst, size_t off, size_t len,
+                                int32_t *idx)
+{
+    int last = g->p - 1;
+    if (g->rank == 0)
+        return emit_to(g, WEFT_STEP_SEND, 0, WEFT_BUF_SEND, 1, off, 0, len, -1, idx);
+    int flags = WEFT_STEP_RECV_FIRST | (g->rank == last ? WEFT_STEP_FINAL : 0);
+    return emit_to(g, WEFT_STEP_RECV_REDUCE, flags, buf, g->rank - 1, dst, off, len, -1, idx);
+}
+
+/* Allreduce: the chain into recvbuf (middle ranks pass their partial on
+ * from there), then the result flows back p-1 -> p-2 -> ... -> 0 over
+ * the links the chain does not use, so neither phase waits for the other:
+ * chunk c goes back as soon as rank p-1 made it.  A rank's receive of the
+ * result overwrites the partial it sent (and, in place, its input), so it
+ * depends on that send. */
+static weft_status_t build_ordered_allreduce(struct ring *g, size_t n)
+{
+    if (g->p == 1)
+        return emit_copy(g, 0, 0, n);
+    int r = g->rank, last = g->p - 1;
+    size_t nch = chunks_of(g, n);
+    for (size_t c = 0; c < nch; c++) {
+        size_t len = chunk_len(g, n, c), co = c * g->chunk;
+        int32_t mine = -1, sent = -1, got = -1;
+        WEFT_CHECK(chain_step(g, WEFT_BUF_RECV, co, co, len, &mine));
+        if (r == last) {
+            WEFT_CHECK(emit_to(g, WEFT_STEP_SEND, 0, WEFT_BUF_RECV, r - 1, co, 0, len, mine, NULL));
+            continue;
+        }
+        sent = mine;
+        if (r > 0)
+            WEFT_CHECK(
+                emit_to(g, WEFT_STEP_SEND, 0, WEFT_BUF_RECV, r + 1, co, 0, len, mine, &sent));
+        WEFT_CHECK(emit_to(g, WEFT_STEP_RECV, 0, WEFT_BUF_RECV, r + 1, co, 0, len, sent, &got));
+        if (r > 0)
+            WEFT_CHECK(emit_to(g, WEFT_STEP_SEND, 0, WEFT_BUF_RECV, r - 1, co, 0, len, got, NULL));
+    }
+    return WEFT_OK;
+}
+
+/* Reduce: the chain, partials in scratch; rank p-1 reduces into recvbuf
+ * when it is the root, else into scratch and sends each chunk to the
+ * root.  The root's receive may overwrite its input (in place), so it
+ * depends on the root's own chain step. */
+static weft_status_t build_ordered_reduce(struct ring *g, size_t n, int root)
+{
+    if (g->p == 1)
+        return emit_copy(g, 0, 0, n);
+    int r = g->rank, last = g->p - 1;
+    bool middle = r > 0 && r < last;
+    int acc = r == last && root == last ? WEFT_BUF_RECV : WEFT_BUF_SCRATCH;
+    if (middle || (r == last && root != last))
+        g->s->scratch_count = n;
+    size_t nch = chunks_of(g, n);
+    for (size_t c = 0; c < nch; c++) {
+        size_t len = chunk_len(g, n, c), co = c * g->chunk;
+        int32_t mine = -1;
+        WEFT_CHECK(chain_step(g, acc, co, co, len, &mine));
+        if (middle)
+            WEFT_CHECK(emit_to(g, WEFT_STEP_SEND, 0, acc, r + 1, co, 0, len, mine, NULL));
+        else if (r == last && root != last)
+            WEFT_CHECK(emit_to(g, WEFT_STEP_SEND, 0, acc, root, co, 0, len, mine, NULL));
+        if (r == root && r != last)
+            WEFT_CHECK(emit_to(g, WEFT_STEP_RECV, 0, WEFT_BUF_RECV, last, co, 0, len, mine, NULL));
+    }
+    return WEFT_OK;
+}
+
+/* Reduce_scatter: the chain over the whole input, block by block (block b
+ * = [b*R, (b+1)*R), chunked within the block so that a chunk belongs to
+ * one rank), partials in scratch indexed like sendbuf; rank p-1 reduces
+ * its own block into recvbuf and every other block into scratch, and
+ * sends block b to rank b.  Rank b's receive may overwrite its input (in
+ * place recvbuf is sendbuf's block b), so it depends on b's chain step for
+ * the same chunk. */
+static weft_status_t build_ordered_reduce_scatter(struct ring *g, size_t rc)
+{
+    if (g->p == 1)
+        return emit_copy(g, 0, 0, rc);
+    int r = g->rank, last = g->p - 1;
+    bool middle = r > 0 && r < last;
+    size_t nch = chunks_of(g, rc);
+    if (middle)
+        g->s->scratch_count = rc * (size_t)g->p; /* the caller checked the product */
+    else if (r == last)
+        g->s->scratch_count = rc * (size_t)last; /* blocks 0..p-2 */
+    for (int b = 0; b < g->p; b++) {
+        bool own = b == r;
+        for (size_t c = 0; c < nch; c++) {
+            size_t len = chunk_len(g, rc, c), co = c * g->chunk, off = (size_t)b * rc + co;
+            bool in_recv = r == last && own;
+            int32_t mine = -1;
+            WEFT_CHECK(chain_step(g, in_recv ? WEFT_BUF_RECV : WEFT_BUF_SCRATCH,
+                                  in_recv ? co : off, off, len, &mine));
+            if (middle)
+                WEFT_CHECK(emit_to(g, WEFT_STEP_SEND, 0, WEFT_BUF_SCRATCH, r + 1, off, 0, len,
+                                   mine, NULL));
+            else if (r == last && !own)
+                WEFT_CHECK(emit_to(g, WEFT_STEP_SEND, 0, WEFT_BUF_SCRATCH, b, off, 0, len, mine,
+                                   NULL));
+            if (own && r != last)
+                WEFT_CHECK(emit_to(g, WEFT_STEP_RECV, 0, WEFT_BUF_RECV, last, co, 0, len, mine,
+                                   NULL));
+        }
+    }
+    return WEFT_OK;
+}
+
 static weft_status_t ring_check(const struct weft_coll_desc *d, const struct weft_schedule *s)
 {
     if (!d || !s)
@@ -392,13 +527,15 @@ weft_status_t weft_ring_build(const struct weft_coll_desc *d, struct weft_schedu
     g.left = ring_mod(&g, (long long)d->rank - 1);
     g.right = ring_mod(&g, (long long)d->rank + 1);
 
+    /* Allgather and broadcast combine nothing: ordered changes nothing. */
     weft_status_t st;
     switch (d->coll) {
     case WEFT_COLL_ALLREDUCE:
-        st = build_allreduce(&g, d->count);
+        st = d->ordered ? build_ordered_allreduce(&g, d->count) : build_allreduce(&g, d->count);
         break;
     case WEFT_COLL_REDUCE_SCATTER:
-        st = build_reduce_scatter(&g, d->count);
+        st = d->ordered ? build_ordered_reduce_scatter(&g, d->count)
+                        : build_reduce_scatter(&g, d->count);
         break;
     case WEFT_COLL_ALLGATHER:
         st = build_allgather(&g, d->count);
@@ -407,7 +544,8 @@ weft_status_t weft_ring_build(const struct weft_coll_desc *d, struct weft_schedu
         st = build_broadcast(&g, d->count, d->root);
         break;
     default: /* WEFT_COLL_REDUCE; ring_check let nothing else through */
-        st = build_reduce(&g, d->count, d->root);
+        st = d->ordered ? build_ordered_reduce(&g, d->count, d->root)
+                        : build_reduce(&g, d->count, d->root);
         break;
     }
     if (st < 0) {

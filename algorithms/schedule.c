@@ -54,6 +54,12 @@ const char *weft_coll_name(int coll)
     return names[coll];
 }
 
+bool weft_coll_reduces(int coll)
+{
+    return coll == WEFT_COLL_ALLREDUCE || coll == WEFT_COLL_REDUCE_SCATTER ||
+           coll == WEFT_COLL_REDUCE;
+}
+
 /* nranks * count, saturated at SIZE_MAX so that an impossible size stays
  * impossible instead of wrapping to a small one (callers reject it). */
 static size_t times_ranks(const struct weft_coll_desc *d)

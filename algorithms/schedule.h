@@ -27,6 +27,8 @@ enum weft_coll {
     WEFT_COLL_COUNT
 };
 const char *weft_coll_name(int coll) WEFT_HIDDEN;
+/* Whether coll combines contributions (allreduce, reduce_scatter, reduce). */
+bool weft_coll_reduces(int coll) WEFT_HIDDEN;
 
 enum weft_step_kind {
     WEFT_STEP_SEND = 0,    /* send buf[off, off+count) to peer */
@@ -130,7 +132,10 @@ weft_status_t weft_tree_build(const struct weft_coll_desc *d, struct weft_schedu
 
 /* Ring algorithm (algorithms/ring.c): allreduce as reduce-scatter then
  * allgather, reduce_scatter, allgather, and pipelined chains for broadcast
- * and reduce.  Any nranks >= 1 and any count, 0 included. */
+ * and reduce.  With d->ordered, allreduce, reduce_scatter and reduce run a
+ * chain 0 -> 1 -> ... -> p-1 that combines every element as the left fold
+ * in rank order, and rank p-1 hands out the result.  Any nranks >= 1 and
+ * any count, 0 included. */
 weft_status_t weft_ring_build(const struct weft_coll_desc *d, struct weft_schedule *s) WEFT_HIDDEN;
 
 #endif /* WEFT_SCHEDULE_H */

@@ -120,6 +120,18 @@ WEFT_API weft_status_t weft_comm_rank(weft_comm_t comm, int *rank);
 WEFT_API weft_status_t weft_comm_size(weft_comm_t comm, int *nranks);
 /* The sticky error of comm: WEFT_OK while it is healthy. */
 WEFT_API weft_status_t weft_comm_get_error(weft_comm_t comm);
+/* Deterministic mode on (1) or off (0); a new communicator starts with
+ * WEFT_DETERMINISTIC, one made by split or shrink with its parent's
+ * setting.  On, allreduce, reduce_scatter and reduce combine every element
+ * in rank order, ((x0 op x1) op x2) ... op x(p-1) (AVG divides that sum
+ * once), so the result is bitwise identical on every rank, run after run,
+ * whatever algorithm WEFT_ALGO allows, whatever the chunk size and the
+ * count: two tensors reduced in one call get the bits of two calls.  The
+ * price is a pipelined chain through the ranks instead of the fastest
+ * algorithm (README, "Deterministic mode").  Collective in spirit: every
+ * rank sets the same value before its next collective on comm (WEFT_CHECK=1
+ * reports ranks that disagree); calls already issued keep their mode. */
+WEFT_API weft_status_t weft_comm_set_deterministic(weft_comm_t comm, int on);
 
 /* Blocking collectives.  In place: sendbuf == recvbuf; for allgather
  * sendbuf == recvbuf + rank * sendcount elements, for reduce_scatter

@@ -134,6 +134,14 @@ weft_status_t weft_check_verify(struct weft_comm *comm, const struct weft_finger
     else if (ndiff > 1)
         snprintf(others, sizeof(others), " (%d of the %d other ranks differ from rank 0)", ndiff,
                  p - 1);
+    bool ordered0 = ref->algo >> 12 & 1, ordered1 = odd->algo >> 12 & 1;
+    if (call_equal(ref, odd) && ordered0 != ordered1)
+        return weft_error(comm, WEFT_ERR_MISMATCH,
+                          "rank %d: collective mismatch at collective #%llu, %s: deterministic "
+                          "mode is %s on rank 0 but %s on rank %d (WEFT_DETERMINISTIC or "
+                          "weft_comm_set_deterministic differ between ranks)%s",
+                          me, seq, describe(ref, false, a, sizeof(a)), ordered0 ? "on" : "off",
+                          ordered1 ? "on" : "off", first, others);
     if (call_equal(ref, odd))
         return weft_error(comm, WEFT_ERR_MISMATCH,
                           "rank %d: collective mismatch at collective #%llu, %s: rank 0 runs it "

@@ -396,6 +396,7 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     if (comm == NULL)
         return weft_error(NULL, WEFT_ERR_NO_MEMORY, "cannot allocate a communicator");
     memcpy(comm->algos, algos, sizeof(algos));
+    atomic_init(&comm->deterministic, weft_param_int("WEFT_DETERMINISTIC") != 0);
     comm->rescue_fd = -1;
     pthread_mutex_init(&comm->err_mu, NULL);
     comm->rank = rank;
@@ -630,6 +631,18 @@ weft_status_t weft_comm_size(weft_comm_t comm, int *nranks)
     if (nranks == NULL)
         return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "weft_comm_size: nranks is NULL");
     *nranks = comm->nranks;
+    return WEFT_OK;
+}
+
+weft_status_t weft_comm_set_deterministic(weft_comm_t comm, int on)
+{
+    if (comm == NULL || !weft_comm_valid(comm))
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                "weft_comm_set_deterministic: invalid communicator");
+    if (on != 0 && on != 1)
+        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG,
+                                "weft_comm_set_deterministic: on is %d, not 0 or 1", on);
+    atomic_store(&comm->deterministic, on);
     return WEFT_OK;
 }
 

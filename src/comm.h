@@ -32,6 +32,8 @@ struct weft_comm {
     uint8_t secret[16];
     uint64_t timeout_ns;               /* WEFT_TIMEOUT_MS */
     unsigned algos[WEFT_COLL_COUNT];   /* WEFT_ALGO: per collective, a mask of enum weft_algo */
+    _Atomic int deterministic;         /* WEFT_DETERMINISTIC / weft_comm_set_deterministic:
+                                          reducing collectives run the ordered chain */
     struct weft_bootstrap *bs;
     /* The transports this rank opened (tcp always; shm when a peer shares
      * this host) and, per peer, the one that carries its bytes. */

@@ -306,6 +306,18 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
                                              args->count * esize);
         d.algo = pl.algo;
         d.variant = pl.variant;
+        if (atomic_load(&comm->deterministic) && weft_coll_reduces(args->coll)) {
+            /* One fixed combining order: the ordered chain, whatever was allowed. */
+            static _Atomic int told;
+            if (!(comm->algos[args->coll] & (1u << WEFT_ALGO_RING)) &&
+                !atomic_exchange(&told, 1))
+                WEFT_INFO(WEFT_SUB_COLL, "deterministic mode: %s runs the ordered chain (ring), "
+                          "not what WEFT_ALGO=%s allows", weft_coll_name(args->coll),
+                          weft_param_str("WEFT_ALGO"));
+            d.algo = WEFT_ALGO_RING;
+            d.variant = 0;
+            d.ordered = 1;
+        }
         pthread_mutex_lock(&eng->mu);
         st = sched_get(eng, &d, &op->ent);
         pthread_mutex_unlock(&eng->mu);

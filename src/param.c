@@ -38,6 +38,8 @@ static const struct weft_param_desc table[] = {
     {"WEFT_TOPO_FILE", "str", "", "topology file: per-transport defaults, per-host and per-pair link costs and transports (format in src/topo.h)", NULL},
     {"WEFT_CHECK", "int", "0",
      "1: before each collective the ranks exchange fingerprints (sequence, collective, count, dtype, op, root, algorithm); a disagreement fails the communicator with WEFT_ERR_MISMATCH naming both calls instead of hanging (one extra message round per collective; set it on every rank)", NULL},
+    {"WEFT_DETERMINISTIC", "int", "0",
+     "1: allreduce, reduce_scatter and reduce combine every element in rank order on a pipelined chain, so results are bitwise identical on every rank and run whatever the algorithm, chunk or message size; costs p-1 hops before the first chunk of the result and the chain in place of the fastest algorithm (README: Deterministic mode). weft_comm_set_deterministic sets it per communicator", NULL},
     {"WEFT_ALGO", "str", "", "algorithms allowed, NCCL_ALGO syntax: ring, tree, rhd, direct, hier; ^tree excludes; allreduce:rhd;allgather:ring per collective. A call none of them serves gets the automatic choice", "NCCL_ALGO"},
     {"WEFT_UNIQUE_ID", "str", "", "weft_comm_init_env: the unique id in hex (set by weftrun)", NULL},
     {"WEFT_ROOT", "str", "", "host:port where rank 0 listens: weft_comm_init_env, and weft_get_unique_id then returns the same id everywhere (torchrun style)", "NCCL_COMM_ID"},

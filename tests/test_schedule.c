@@ -14,11 +14,16 @@
 
 /* ---- the ring, checked -------------------------------------------------------- */
 
+/* A plan bit of this file: build with desc.ordered set (deterministic mode). */
+#define PLAN_ORDERED (1 << 16)
+
 static void build_all(int algo, int coll, int p, int root, size_t count, size_t chunk,
                       struct weft_schedule *sch)
 {
+    int ordered = (algo & PLAN_ORDERED) != 0;
+    algo &= ~PLAN_ORDERED;
     for (int rank = 0; rank < p; rank++) {
-        struct weft_coll_desc d = { coll, rank, p, root, count, chunk, PLAN_ALGO(algo), PLAN_VAR(algo), 0, NULL, 0 };
+        struct weft_coll_desc d = { coll, rank, p, root, count, chunk, PLAN_ALGO(algo), PLAN_VAR(algo), ordered, NULL, 0 };
         weft_sched_init(&sch[rank]);
         weft_status_t st = weft_sched_build(&d, &sch[rank]);
         cr_assert(st == WEFT_OK, "%s %s p=%d rank=%d root=%d count=%zu chunk=%zu: %s (%s)",
@@ -40,10 +45,10 @@ static void check_sched(int algo, int coll, int p, int root, size_t count, size_
     char err[700];
     cr_assert(sch);
     build_all(algo, coll, p, root, count, chunk, sch);
-    bool ok = verify(algo, coll, p, root, count, sch, slots, err, sizeof(err));
+    bool ok = verify(algo & ~PLAN_ORDERED, coll, p, root, count, sch, slots, err, sizeof(err));
     free_all(p, sch);
     free(sch);
-    cr_assert(ok, "chunk %zu: %s", chunk, err);
+    cr_assert(ok, "%schunk %zu: %s", algo & PLAN_ORDERED ? "ordered, " : "", chunk, err);
 }
 
 /* The rank counts the per-algorithm matrices run (the matrix tests below
@@ -64,7 +69,7 @@ static int rank_counts(int pmin, int pmax, bool with_big, int ps[SMALLP])
 }
 
 /* Ranks pmin..pmax, then 31 and 64 when with_big; slots: see verify. */
-static void ring_matrix(int coll, int pmin, int pmax, bool with_big, int slots)
+static void plan_matrix(int plan, int coll, int pmin, int pmax, bool with_big, int slots)
 {
     int ps[SMALLP], np = rank_counts(pmin, pmax, with_big, ps);
     for (int i = 0; i < np; i++) {
@@ -91,11 +96,15 @@ static void ring_matrix(int coll, int pmin, int pmax, bool with_big, int slots)
         }
         for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
             for (int r = 0; r < nroots; r++)
-                check_sched(WEFT_ALGO_RING, coll, p, roots[r], counts[c], chunks[c], slots);
+                check_sched(plan, coll, p, roots[r], counts[c], chunks[c], slots);
         /* Chunk 1: every element its own step. */
-        check_sched(WEFT_ALGO_RING, coll, p, roots[nroots - 1], per_block ? 3 : (size_t)p + 1,
-                    1, slots);
+        check_sched(plan, coll, p, roots[nroots - 1], per_block ? 3 : (size_t)p + 1, 1, slots);
     }
+}
+
+static void ring_matrix(int coll, int pmin, int pmax, bool with_big, int slots)
+{
+    plan_matrix(WEFT_ALGO_RING, coll, pmin, pmax, with_big, slots);
 }
 
 Test(ring, allreduce_small_p) { ring_matrix(WEFT_COLL_ALLREDUCE, 1, 8, false, engine_slots()); }
@@ -1169,4 +1178,130 @@ Test(schedule, coll_counts_and_names)
     struct weft_coll_desc big = { WEFT_COLL_ALLGATHER, 0, 4, 0, SIZE_MAX / 2, 1,
                                   WEFT_ALGO_RING, 0, 0, NULL, 0 };
     cr_assert(weft_coll_recv_count(&big) == SIZE_MAX, "an overflowing size saturates");
+}
+
+/* ---- ordered schedules (deterministic mode) ------------------------------------- */
+
+#define ORDERED_RING (WEFT_ALGO_RING | PLAN_ORDERED)
+
+/* The checker proves them correct like any schedule: every output element
+ * holds each rank's input once, allreduce ranks all hold the bits of one
+ * FINAL reduction, no deadlock, no race, in place or not. */
+static void ordered_matrix(int coll)
+{
+    plan_matrix(ORDERED_RING, coll, 1, 17, true, engine_slots());
+}
+
+Test(ordered, allreduce) { ordered_matrix(WEFT_COLL_ALLREDUCE); }
+Test(ordered, reduce_scatter) { ordered_matrix(WEFT_COLL_REDUCE_SCATTER); }
+Test(ordered, reduce) { ordered_matrix(WEFT_COLL_REDUCE); }
+
+Test(ordered, no_buffering_needed)
+{
+    int colls[] = { WEFT_COLL_ALLREDUCE, WEFT_COLL_REDUCE_SCATTER, WEFT_COLL_REDUCE };
+    for (int slots = 1; slots <= 2; slots++)
+        for (size_t c = 0; c < sizeof(colls) / sizeof(colls[0]); c++)
+            plan_matrix(ORDERED_RING, colls[c], 1, 9, false, slots);
+}
+
+/* The shape that makes every element the left fold in rank order: rank 0
+ * only sends its input to rank 1; rank r > 0 combines what rank r-1 sends
+ * as the left operand (RECV_FIRST) with its own input at the same
+ * position, and passes on exactly what it combined; only rank p-1 makes
+ * final values.  With the checker's proof that each output holds every
+ * input once, the value at the end of the chain is
+ * ((x0 op x1) op ...) op x(p-1) and nothing else. */
+static void check_chain(int coll, int p, int root, size_t count, size_t chunk)
+{
+    struct weft_schedule sch[SMALLP];
+    build_all(ORDERED_RING, coll, p, root, count, chunk, sch);
+    size_t inputs = coll == WEFT_COLL_REDUCE_SCATTER ? count * (size_t)p : count;
+    for (int r = 0; r < p; r++) {
+        const struct weft_schedule *s = &sch[r];
+        size_t reduced = 0, passed = 0;
+        for (size_t i = 0; i < s->nsteps; i++) {
+            const struct weft_step *st = &s->steps[i];
+            if (st->kind == WEFT_STEP_RECV_REDUCE) {
+                cr_assert(r > 0 && st->peer == r - 1 && st->src_buf == WEFT_BUF_SEND &&
+                              (st->flags & WEFT_STEP_RECV_FIRST) &&
+                              !(st->flags & WEFT_STEP_FINAL) == (r < p - 1),
+                          "%s p=%d rank %d step %zu: peer %d flags 0x%x src %d",
+                          weft_coll_name(coll), p, r, i, st->peer, st->flags, st->src_buf);
+                reduced += st->count;
+            }
+            if (st->kind != WEFT_STEP_SEND || st->peer != r + 1 || r == p - 1)
+                continue;
+            /* What goes up the chain: rank 0's input, else the partial
+             * this rank just made, element for element. */
+            passed += st->count;
+            if (r == 0) {
+                cr_assert(st->buf == WEFT_BUF_SEND, "p=%d rank 0 step %zu", p, i);
+                continue;
+            }
+            cr_assert(st->deps[0] >= 0, "p=%d rank %d step %zu: no dep", p, r, i);
+            const struct weft_step *made = &s->steps[st->deps[0]];
+            cr_assert(made->kind == WEFT_STEP_RECV_REDUCE && made->buf == st->buf &&
+                          made->off == st->off && made->count == st->count,
+                      "%s p=%d rank %d step %zu sends what step %d did not make",
+                      weft_coll_name(coll), p, r, i, st->deps[0]);
+        }
+        cr_assert_eq(reduced, r == 0 || p == 1 ? 0 : inputs, "%s p=%d rank %d reduced %zu of %zu",
+                     weft_coll_name(coll), p, r, reduced, inputs);
+        cr_assert_eq(passed, r == p - 1 ? 0 : inputs, "%s p=%d rank %d passed %zu of %zu",
+                     weft_coll_name(coll), p, r, passed, inputs);
+    }
+    free_all(p, sch);
+}
+
+Test(ordered, left_fold_shape)
+{
+    int ps[SMALLP], np = rank_counts(1, 17, true, ps);
+    for (int i = 0; i < np; i++) {
+        int p = ps[i];
+        check_chain(WEFT_COLL_ALLREDUCE, p, 0, 3 * (size_t)p + 2, 2);
+        check_chain(WEFT_COLL_REDUCE_SCATTER, p, 0, 5, 2);
+        for (int root = 0; root < p; root += p > 8 ? p / 3 : 1)
+            check_chain(WEFT_COLL_REDUCE, p, root, 2 * (size_t)p + 1, 3);
+    }
+}
+
+/* Allgather and broadcast combine nothing: ordered builds the same steps.
+ * The reducing collectives get the chain, not the ring. */
+Test(ordered, only_reductions_change)
+{
+    struct weft_schedule a, b;
+    weft_sched_init(&a);
+    weft_sched_init(&b);
+    for (int coll = 0; coll <= WEFT_COLL_REDUCE; coll++) {
+        for (int rank = 0; rank < 5; rank++) {
+            struct weft_coll_desc d = { coll, rank, 5, 2, 37, 4, WEFT_ALGO_RING, 0, 0, NULL, 0 };
+            cr_assert(weft_sched_build(&d, &a) == WEFT_OK);
+            d.ordered = 1;
+            cr_assert(weft_sched_build(&d, &b) == WEFT_OK);
+            bool reduces = coll == WEFT_COLL_ALLREDUCE || coll == WEFT_COLL_REDUCE_SCATTER ||
+                           coll == WEFT_COLL_REDUCE;
+            if (!reduces)
+                cr_assert(same_steps(&a, &b), "%s rank %d", weft_coll_name(coll), rank);
+            else if (rank != 0 || coll != WEFT_COLL_REDUCE) /* the ring's root: its own */
+                cr_assert(!same_steps(&a, &b), "%s rank %d", weft_coll_name(coll), rank);
+        }
+    }
+    /* Allreduce, p=4, rank 1, 3 chunks: per chunk the partial comes from 0
+     * and goes to 2, the result comes back from 2 and goes on to 0. */
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 1, 4, 0, 7, 3, WEFT_ALGO_RING, 0, 1, NULL, 0 };
+    cr_assert(weft_sched_build(&d, &a) == WEFT_OK);
+    cr_assert(a.nsteps == 12 && a.scratch_count == 0, "%zu steps", a.nsteps);
+    static const int kinds[4] = { WEFT_STEP_RECV_REDUCE, WEFT_STEP_SEND, WEFT_STEP_RECV,
+                                  WEFT_STEP_SEND };
+    static const int peers[4] = { 0, 2, 2, 0 };
+    for (size_t i = 0; i < a.nsteps; i++) {
+        const struct weft_step *st = &a.steps[i];
+        cr_assert(st->kind == kinds[i % 4] && st->peer == peers[i % 4] && st->off == i / 4 * 3 &&
+                      st->count == (i / 4 == 2 ? 1u : 3u) && st->buf == WEFT_BUF_RECV,
+                  "step %zu", i);
+        cr_assert(i % 4 == 0 ? st->deps[0] == -1 : st->deps[0] == (int32_t)i - 1, "step %zu", i);
+    }
+    cr_assert(count_flag(&a, WEFT_STEP_RECV_FIRST) == 3 && count_flag(&a, WEFT_STEP_FINAL) == 0);
+    weft_sched_free(&a);
+    weft_sched_free(&b);
 }
