@@ -1,0 +1,645 @@
+/*
+ * sim.c - the schedule simulator: builds all ranks' schedules, matches
+ * sends to receives, and runs every step under the alpha-beta-gamma model
+ * of sim.h as a discrete-event simulation (a binary heap of timed events).
+ *
+ * Steps of all ranks live in one array, named by a global id (rank by
+ * rank, step by step), in a compact form: what the run needs, nothing of
+ * the buffers.  Ports and CPUs are modelled as reservations: whatever
+ * becomes ready first (events are handled in time order) takes the next
+ * free slot of the resources it needs, so each resource serves FIFO.
+ * Messages that become ready at the same instant claim their ports in the
+ * order their sends were issued (post time, then rank and step), which is
+ * what makes a binomial root serve its deepest subtree first.
+ */
+#include "algorithms/sim.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/topo.h"
+
+#define NONE UINT32_MAX
+/* Dependents are indexed with uint32 offsets (at most 3 per step). */
+#define MAX_STEPS ((size_t)(UINT32_MAX / 4))
+
+enum {
+    ST_WAIT,   /* not posted yet */
+    ST_QUEUED, /* ready to post, in the work queue */
+    ST_POSTED, /* a message end posted, waiting for its match */
+    ST_MOVING, /* a message on the wire; its event is the receive's */
+    ST_LANDED, /* a RECV_REDUCE's data is here, its deps are not done */
+    ST_CPU,    /* a reduce or a copy on the rank's CPU */
+    ST_DONE
+};
+
+/* One step of one rank, as the run sees it. */
+struct sstep {
+    double bytes;
+    double tpost;       /* when the step was posted, seconds */
+    uint32_t partner;   /* message steps: the matched step (before matching: the peer rank) */
+    uint32_t next_link; /* the rank's next message step on the same link (peer, direction) */
+    int32_t rank;
+    uint8_t kind;
+    uint8_t npost; /* posts still awaited: deps (RECV_REDUCE only), the link's previous step */
+    uint8_t ndone; /* deps not done yet */
+    uint8_t state; /* ST_* */
+};
+
+struct event {
+    double t;
+    uint32_t id;
+};
+
+/* One prediction's state; lives for one weft_sim_predict call. */
+struct sim {
+    const struct weft_sim_model *m;
+    int p;
+    struct sstep *st;
+    size_t n, cap;
+    uint32_t *deps;    /* (n, 3) global ids of deps, NONE pads; freed after indexing */
+    size_t *rank_off;  /* (p + 1) first global id of each rank */
+    uint32_t *dfirst;  /* (n + 1) CSR offsets of each step's dependents */
+    uint32_t *dlist;   /* dependents */
+    double *sport, *rport, *cpu; /* (p) when each resource is free next, seconds */
+    struct event *heap;
+    size_t hn, hcap;
+    uint32_t *queue; /* (n) steps ready to post, FIFO */
+    size_t qhead, qtail;
+    uint32_t *ready; /* sends whose message became ready this instant */
+    size_t nready, readycap;
+    double finish;
+    size_t ndone;
+    weft_status_t err; /* a bad link cost met during the run */
+};
+
+static double max2(double a, double b)
+{
+    return a > b ? a : b;
+}
+
+static bool cost_ok(double x)
+{
+    return isfinite(x) && x >= 0;
+}
+
+/* ---- loading ------------------------------------------------------------------ */
+
+static weft_status_t grow(struct sim *s, size_t need)
+{
+    if (need <= s->cap)
+        return WEFT_OK;
+    size_t cap = s->cap ? s->cap : 1024;
+    while (cap < need)
+        cap = cap > MAX_STEPS / 2 ? MAX_STEPS : cap * 2;
+    struct sstep *st = realloc(s->st, cap * sizeof(*st));
+    if (!st)
+        return weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot hold %zu steps", cap);
+    s->st = st;
+    uint32_t *deps = realloc(s->deps, cap * 3 * sizeof(*deps));
+    if (!deps)
+        return weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot hold %zu steps", cap);
+    s->deps = deps;
+    s->cap = cap;
+    return WEFT_OK;
+}
+
+/* Appends rank r's schedule, checked, in compact form. */
+static weft_status_t add_rank(struct sim *s, int r, const struct weft_schedule *sch)
+{
+    if (sch->nsteps > MAX_STEPS - s->n)
+        return weft_error(NULL, WEFT_ERR_NO_MEMORY,
+                          "sim: more than %zu steps over %d ranks; use larger chunks", MAX_STEPS,
+                          s->p);
+    WEFT_CHECK(grow(s, s->n + sch->nsteps));
+    uint32_t base = (uint32_t)s->n;
+    for (size_t k = 0; k < sch->nsteps; k++) {
+        const struct weft_step *w = &sch->steps[k];
+        bool msg = w->kind != WEFT_STEP_COPY;
+        if (w->kind > WEFT_STEP_COPY)
+            return weft_error(NULL, WEFT_ERR_INVALID_ARG, "sim: rank %d step %zu has kind %d", r,
+                              k, w->kind);
+        if (msg && (w->peer < 0 || w->peer >= s->p))
+            return weft_error(NULL, WEFT_ERR_INVALID_ARG,
+                              "sim: rank %d step %zu names peer %d of %d ranks", r, k, w->peer,
+                              s->p);
+        struct sstep *x = &s->st[s->n];
+        *x = (struct sstep){
+            .bytes = (double)w->count * (double)s->m->esize,
+            .partner = msg ? (uint32_t)w->peer : NONE,
+            .next_link = NONE,
+            .rank = r,
+            .kind = w->kind,
+            .state = ST_WAIT,
+        };
+        for (int i = 0; i < 3; i++) {
+            int32_t d = w->deps[i];
+            if (d < -1 || (d >= 0 && (size_t)d >= k))
+                return weft_error(NULL, WEFT_ERR_INVALID_ARG,
+                                  "sim: rank %d step %zu depends on step %d, not an earlier one",
+                                  r, k, d);
+            s->deps[3 * s->n + (size_t)i] = d < 0 ? NONE : base + (uint32_t)d;
+        }
+        s->n++;
+    }
+    return WEFT_OK;
+}
+
+static weft_status_t load(struct sim *s, const struct weft_coll_desc *tmpl)
+{
+    struct weft_schedule sch;
+    weft_sched_init(&sch);
+    struct weft_coll_desc d = *tmpl;
+    weft_status_t st = WEFT_OK;
+    for (int r = 0; r < s->p; r++) {
+        s->rank_off[r] = s->n;
+        d.rank = r;
+        WEFT_CHECK_GOTO(weft_sched_build(&d, &sch), st, out);
+        WEFT_CHECK_GOTO(add_rank(s, r, &sch), st, out);
+    }
+    s->rank_off[s->p] = s->n;
+out:
+    weft_sched_free(&sch);
+    return st;
+}
+
+/* ---- matching ----------------------------------------------------------------- */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sorts one rank's keys (peer << 32 | id) by peer, keeping step order
+ * within a peer; most ranks talk to peers in order already. */
+static void sort_keys(uint64_t *k, size_t n)
+{
+    for (size_t i = 1; i < n; i++)
+        if (k[i] < k[i - 1]) {
+            qsort(k, n, sizeof(*k), cmp_u64);
+            return;
+        }
+}
+
+/* The keys of one rank's segment whose peer is q: [*lo, *hi). */
+static void peer_range(const uint64_t *k, size_t from, size_t to, int q, size_t *lo, size_t *hi)
+{
+    uint64_t want = (uint64_t)q << 32;
+    size_t a = from, b = to;
+    while (a < b) {
+        size_t mid = a + (b - a) / 2;
+        if (k[mid] < want)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    *lo = a;
+    while (a < to && k[a] >> 32 == (uint64_t)q)
+        a++;
+    *hi = a;
+}
+
+/* Walks the groups of side A (keys per rank, grouped by peer) and counts
+ * side B's matching group for each; pair != 0 also pairs them.  The first
+ * mismatch is an error. */
+static weft_status_t walk(struct sim *s, const uint64_t *ak, const size_t *aoff,
+                          const uint64_t *bk, const size_t *boff, bool a_sends, bool pair)
+{
+    for (int r = 0; r < s->p; r++) {
+        for (size_t i = aoff[r]; i < aoff[r + 1];) {
+            int q = (int)(ak[i] >> 32);
+            size_t j = i;
+            while (j < aoff[r + 1] && (int)(ak[j] >> 32) == q)
+                j++;
+            size_t lo, hi;
+            peer_range(bk, boff[q], boff[q + 1], r, &lo, &hi);
+            if (hi - lo != j - i) {
+                size_t ns = a_sends ? j - i : hi - lo, nr = a_sends ? hi - lo : j - i;
+                return weft_error(NULL, WEFT_ERR_INVALID_ARG,
+                                  "sim: rank %d sends %zu messages to rank %d, which posts %zu "
+                                  "receives from it",
+                                  a_sends ? r : q, ns, a_sends ? q : r, nr);
+            }
+            for (size_t k = 0; pair && k < j - i; k++) {
+                uint32_t a = (uint32_t)ak[i + k], b = (uint32_t)bk[lo + k];
+                if (s->st[a].bytes != s->st[b].bytes)
+                    return weft_error(NULL, WEFT_ERR_INVALID_ARG,
+                                      "sim: message %zu from rank %d to rank %d: %.0f bytes sent, "
+                                      "%.0f received",
+                                      k, r, q, s->st[a].bytes, s->st[b].bytes);
+                s->st[a].partner = b;
+                s->st[b].partner = a;
+            }
+            i = j;
+        }
+    }
+    return WEFT_OK;
+}
+
+/* Chains each rank's messages per link (next_link) and pairs the k-th send
+ * from A to B with the k-th receive on B from A. */
+static weft_status_t match(struct sim *s)
+{
+    size_t nsend = 0, nrecv = 0;
+    for (size_t g = 0; g < s->n; g++) {
+        nsend += s->st[g].kind == WEFT_STEP_SEND;
+        nrecv += s->st[g].kind == WEFT_STEP_RECV || s->st[g].kind == WEFT_STEP_RECV_REDUCE;
+    }
+    weft_status_t st = WEFT_OK;
+    uint64_t *sk = malloc((nsend ? nsend : 1) * sizeof(*sk));
+    uint64_t *rk = malloc((nrecv ? nrecv : 1) * sizeof(*rk));
+    size_t *soff = malloc(((size_t)s->p + 1) * sizeof(*soff));
+    size_t *roff = malloc(((size_t)s->p + 1) * sizeof(*roff));
+    if (!sk || !rk || !soff || !roff) {
+        st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot index %zu messages", nsend + nrecv);
+        goto out;
+    }
+    size_t ns = 0, nr = 0;
+    for (int r = 0; r < s->p; r++) {
+        soff[r] = ns;
+        roff[r] = nr;
+        for (size_t g = s->rank_off[r]; g < s->rank_off[r + 1]; g++) {
+            uint64_t key = (uint64_t)s->st[g].partner << 32 | g;
+            if (s->st[g].kind == WEFT_STEP_SEND)
+                sk[ns++] = key;
+            else if (s->st[g].kind != WEFT_STEP_COPY)
+                rk[nr++] = key;
+        }
+        sort_keys(sk + soff[r], ns - soff[r]);
+        sort_keys(rk + roff[r], nr - roff[r]);
+    }
+    soff[s->p] = ns;
+    roff[s->p] = nr;
+
+    /* Links: consecutive keys with one peer, within one rank's segment. */
+    for (int side = 0; side < 2; side++) {
+        const uint64_t *k = side ? rk : sk;
+        const size_t *off = side ? roff : soff;
+        for (int r = 0; r < s->p; r++)
+            for (size_t i = off[r] + 1; i < off[r + 1]; i++)
+                if (k[i] >> 32 == k[i - 1] >> 32) {
+                    s->st[(uint32_t)k[i - 1]].next_link = (uint32_t)k[i];
+                    s->st[(uint32_t)k[i]].npost++;
+                }
+    }
+
+    WEFT_CHECK_GOTO(walk(s, sk, soff, rk, roff, true, true), st, out);
+    /* Every send group matched a receive group of its size; receives are
+     * all matched unless there are more of them: name who has extra. */
+    if (nrecv != nsend) {
+        WEFT_CHECK_GOTO(walk(s, rk, roff, sk, soff, false, false), st, out);
+        st = weft_error(NULL, WEFT_ERR_INTERNAL, "sim: %zu sends, %zu receives", nsend, nrecv);
+    }
+out:
+    free(sk);
+    free(rk);
+    free(soff);
+    free(roff);
+    return st;
+}
+
+/* Dependents of each step (CSR), and the counters each step waits on. */
+static weft_status_t index_deps(struct sim *s)
+{
+    s->dfirst = calloc(s->n + 1, sizeof(*s->dfirst));
+    if (!s->dfirst)
+        return weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot index %zu steps", s->n);
+    for (size_t g = 0; g < s->n; g++)
+        for (int i = 0; i < 3; i++) {
+            uint32_t d = s->deps[3 * g + (size_t)i];
+            if (d == NONE)
+                continue;
+            s->dfirst[d + 1]++;
+            s->st[g].ndone++;
+            if (s->st[g].kind == WEFT_STEP_RECV_REDUCE)
+                s->st[g].npost++;
+        }
+    for (size_t g = 0; g < s->n; g++)
+        s->dfirst[g + 1] += s->dfirst[g];
+    size_t nedges = s->dfirst[s->n];
+    s->dlist = malloc((nedges ? nedges : 1) * sizeof(*s->dlist));
+    uint32_t *fill = malloc((s->n ? s->n : 1) * sizeof(*fill));
+    if (!s->dlist || !fill) {
+        free(fill);
+        return weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot index %zu dependencies", nedges);
+    }
+    memcpy(fill, s->dfirst, s->n * sizeof(*fill));
+    for (size_t g = 0; g < s->n; g++)
+        for (int i = 0; i < 3; i++) {
+            uint32_t d = s->deps[3 * g + (size_t)i];
+            if (d != NONE)
+                s->dlist[fill[d]++] = (uint32_t)g;
+        }
+    free(fill);
+    free(s->deps);
+    s->deps = NULL;
+    return WEFT_OK;
+}
+
+/* ---- the run ------------------------------------------------------------------ */
+
+static bool before(const struct event *a, const struct event *b)
+{
+    return a->t < b->t || (a->t == b->t && a->id < b->id);
+}
+
+static weft_status_t heap_push(struct sim *s, double t, uint32_t id)
+{
+    if (s->hn == s->hcap) {
+        size_t cap = s->hcap ? s->hcap * 2 : 1024;
+        struct event *h = realloc(s->heap, cap * sizeof(*h));
+        if (!h)
+            return weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot queue %zu events", cap);
+        s->heap = h;
+        s->hcap = cap;
+    }
+    struct event e = {t, id};
+    size_t i = s->hn++;
+    while (i > 0) {
+        size_t up = (i - 1) / 2;
+        if (!before(&e, &s->heap[up]))
+            break;
+        s->heap[i] = s->heap[up];
+        i = up;
+    }
+    s->heap[i] = e;
+    return WEFT_OK;
+}
+
+static struct event heap_pop(struct sim *s)
+{
+    struct event top = s->heap[0], last = s->heap[--s->hn];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= s->hn)
+            break;
+        if (c + 1 < s->hn && before(&s->heap[c + 1], &s->heap[c]))
+            c++;
+        if (!before(&s->heap[c], &last))
+            break;
+        s->heap[i] = s->heap[c];
+        i = c;
+    }
+    if (s->hn > 0)
+        s->heap[i] = last;
+    return top;
+}
+
+static void enqueue_if_ready(struct sim *s, uint32_t g)
+{
+    struct sstep *x = &s->st[g];
+    if (x->state == ST_WAIT && x->npost == 0 &&
+        (x->kind == WEFT_STEP_RECV_REDUCE || x->ndone == 0)) {
+        x->state = ST_QUEUED;
+        s->queue[s->qtail++] = g;
+    }
+}
+
+/* Step g takes its rank's CPU for cost seconds, from t or when it is free. */
+static weft_status_t run_cpu(struct sim *s, uint32_t g, double t, double cost)
+{
+    struct sstep *x = &s->st[g];
+    double end = max2(t, s->cpu[x->rank]) + cost;
+    s->cpu[x->rank] = end;
+    x->state = ST_CPU;
+    return heap_push(s, end, g);
+}
+
+/* Both ends of a message are posted: it claims the ports at the end of
+ * this instant (flush). */
+static weft_status_t message_ready(struct sim *s, uint32_t snd)
+{
+    if (s->nready == s->readycap) {
+        size_t cap = s->readycap ? 2 * s->readycap : 256;
+        uint32_t *r = realloc(s->ready, cap * sizeof(*r));
+        if (!r)
+            return weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot hold %zu ready messages",
+                              cap);
+        s->ready = r;
+        s->readycap = cap;
+    }
+    s->ready[s->nready++] = snd;
+    return WEFT_OK;
+}
+
+/* The message of send snd takes the ports, from t or once they are free. */
+static weft_status_t transfer(struct sim *s, uint32_t snd, double t)
+{
+    uint32_t rcv = s->st[snd].partner;
+    struct sstep *a = &s->st[snd], *b = &s->st[rcv];
+    double alpha = NAN, beta = NAN;
+    s->m->link(s->m->ctx, a->rank, b->rank, &alpha, &beta);
+    if (!cost_ok(alpha) || !cost_ok(beta))
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG,
+                          "sim: the link %d -> %d costs alpha %g s, beta %g s/B (need finite, >= 0)",
+                          a->rank, b->rank, alpha, beta);
+    double start = max2(t, max2(s->sport[a->rank], s->rport[b->rank]));
+    double end = start + alpha + a->bytes * beta;
+    s->sport[a->rank] = s->rport[b->rank] = end;
+    a->state = b->state = ST_MOVING;
+    return heap_push(s, end, rcv);
+}
+
+static weft_status_t post(struct sim *s, uint32_t g, double t)
+{
+    struct sstep *x = &s->st[g];
+    x->tpost = t;
+    if (x->kind == WEFT_STEP_COPY)
+        WEFT_CHECK(run_cpu(s, g, t, x->bytes * s->m->copy));
+    else
+        x->state = ST_POSTED;
+    /* Posting is what RECV_REDUCE dependents and the link's next step wait for. */
+    for (uint32_t e = s->dfirst[g]; e < s->dfirst[g + 1]; e++) {
+        uint32_t d = s->dlist[e];
+        if (s->st[d].kind == WEFT_STEP_RECV_REDUCE) {
+            s->st[d].npost--;
+            enqueue_if_ready(s, d);
+        }
+    }
+    if (x->next_link != NONE) {
+        s->st[x->next_link].npost--;
+        enqueue_if_ready(s, x->next_link);
+    }
+    if (x->kind != WEFT_STEP_COPY && s->st[x->partner].state == ST_POSTED)
+        WEFT_CHECK(message_ready(s, x->kind == WEFT_STEP_SEND ? g : x->partner));
+    return WEFT_OK;
+}
+
+static weft_status_t complete(struct sim *s, uint32_t g, double t)
+{
+    s->st[g].state = ST_DONE;
+    s->ndone++;
+    s->finish = max2(s->finish, t);
+    for (uint32_t e = s->dfirst[g]; e < s->dfirst[g + 1]; e++) {
+        uint32_t d = s->dlist[e];
+        struct sstep *y = &s->st[d];
+        y->ndone--;
+        if (y->kind == WEFT_STEP_RECV_REDUCE) {
+            if (y->state == ST_LANDED && y->ndone == 0)
+                WEFT_CHECK(run_cpu(s, d, t, y->bytes * s->m->gamma));
+        } else {
+            enqueue_if_ready(s, d);
+        }
+    }
+    return WEFT_OK;
+}
+
+/* The event of step g at t: a message arrived (g is its receive), or a
+ * reduce or copy finished. */
+static weft_status_t handle(struct sim *s, uint32_t g, double t)
+{
+    struct sstep *x = &s->st[g];
+    if (x->state == ST_CPU)
+        return complete(s, g, t);
+    WEFT_CHECK(complete(s, x->partner, t));
+    if (x->kind == WEFT_STEP_RECV)
+        return complete(s, g, t);
+    x->state = ST_LANDED;
+    if (x->ndone == 0)
+        return run_cpu(s, g, t, x->bytes * s->m->gamma);
+    return WEFT_OK;
+}
+
+static weft_status_t drain(struct sim *s, double t)
+{
+    while (s->qhead < s->qtail)
+        WEFT_CHECK(post(s, s->queue[s->qhead++], t));
+    return WEFT_OK;
+}
+
+static int cmp_issue(const void *a, const void *b, void *ctx)
+{
+    const struct sstep *st = ctx;
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    double tx = st[x].tpost, ty = st[y].tpost;
+    if (tx != ty)
+        return tx < ty ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+/* The messages that became ready at t claim their ports in issue order. */
+static weft_status_t flush(struct sim *s, double t)
+{
+    if (s->nready > 1)
+        qsort_r(s->ready, s->nready, sizeof(*s->ready), cmp_issue, s->st);
+    for (size_t i = 0; i < s->nready; i++)
+        WEFT_CHECK(transfer(s, s->ready[i], t));
+    s->nready = 0;
+    return WEFT_OK;
+}
+
+static weft_status_t run(struct sim *s)
+{
+    s->queue = malloc((s->n ? s->n : 1) * sizeof(*s->queue));
+    if (!s->queue)
+        return weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot queue %zu steps", s->n);
+    for (uint32_t g = 0; g < s->n; g++)
+        enqueue_if_ready(s, g);
+    WEFT_CHECK(drain(s, 0));
+    WEFT_CHECK(flush(s, 0));
+    while (s->hn > 0) {
+        double t = s->heap[0].t;
+        while (s->hn > 0 && s->heap[0].t == t) {
+            struct event e = heap_pop(s);
+            WEFT_CHECK(handle(s, e.id, e.t));
+            WEFT_CHECK(drain(s, t));
+        }
+        WEFT_CHECK(flush(s, t));
+    }
+    if (s->ndone == s->n)
+        return WEFT_OK;
+    static const char *const kinds[] = {"send", "receive", "receive-reduce", "copy"};
+    size_t g = 0;
+    while (s->st[g].state == ST_DONE)
+        g++;
+    const struct sstep *x = &s->st[g];
+    int peer = x->kind == WEFT_STEP_COPY ? -1 : s->st[x->partner].rank;
+    return weft_error(NULL, WEFT_ERR_INVALID_ARG,
+                      "sim: the schedules deadlock: rank %d step %zu (%s, peer %d) never completes",
+                      x->rank, g - s->rank_off[x->rank], kinds[x->kind], peer);
+}
+
+weft_status_t weft_sim_predict(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
+                               double *seconds)
+{
+    if (!tmpl || !m || !seconds)
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "sim: %s is NULL",
+                          !tmpl ? "the collective" : !m ? "the model" : "seconds");
+    if (tmpl->nranks < 1)
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "sim: nranks %d is below 1", tmpl->nranks);
+    if (!m->link || m->esize < 1 || !cost_ok(m->gamma) || !cost_ok(m->copy))
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG,
+                          "sim: bad model (link %s, esize %zu, gamma %g s/B, copy %g s/B)",
+                          m->link ? "set" : "NULL", m->esize, m->gamma, m->copy);
+
+    struct sim s = {.m = m, .p = tmpl->nranks};
+    size_t p = (size_t)s.p;
+    weft_status_t st = WEFT_OK;
+    s.rank_off = malloc((p + 1) * sizeof(*s.rank_off));
+    s.sport = calloc(p, sizeof(double));
+    s.rport = calloc(p, sizeof(double));
+    s.cpu = calloc(p, sizeof(double));
+    if (!s.rank_off || !s.sport || !s.rport || !s.cpu) {
+        st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot allocate state for %d ranks", s.p);
+        goto out;
+    }
+    WEFT_CHECK_GOTO(load(&s, tmpl), st, out);
+    WEFT_CHECK_GOTO(match(&s), st, out);
+    WEFT_CHECK_GOTO(index_deps(&s), st, out);
+    WEFT_CHECK_GOTO(run(&s), st, out);
+    *seconds = s.finish;
+out:
+    free(s.ready);
+    free(s.queue);
+    free(s.heap);
+    free(s.dlist);
+    free(s.dfirst);
+    free(s.deps);
+    free(s.st);
+    free(s.cpu);
+    free(s.rport);
+    free(s.sport);
+    free(s.rank_off);
+    return st;
+}
+
+/* ---- models ------------------------------------------------------------------- */
+
+static void two_level_link(const void *ctx, int i, int j, double *alpha, double *beta)
+{
+    const struct weft_sim_cluster *c = ctx;
+    if (c->ppn < 1) {
+        *alpha = *beta = NAN;
+        return;
+    }
+    bool same = i / c->ppn == j / c->ppn;
+    *alpha = same ? c->intra_alpha : c->inter_alpha;
+    *beta = same ? c->intra_beta : c->inter_beta;
+}
+
+void weft_sim_two_level(struct weft_sim_model *m, const struct weft_sim_cluster *c)
+{
+    m->link = two_level_link;
+    m->ctx = c;
+}
+
+static void table_link(const void *ctx, int i, int j, double *alpha, double *beta)
+{
+    struct weft_link l;
+    if (weft_topo_table_get(ctx, i, j, &l) != WEFT_OK) {
+        *alpha = *beta = NAN;
+        return;
+    }
+    *alpha = l.alpha;
+    *beta = l.beta;
+}
+
+void weft_sim_link_table(struct weft_sim_model *m, const struct weft_link_table *tab)
+{
+    m->link = table_link;
+    m->ctx = tab;
+}

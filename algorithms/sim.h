@@ -1,0 +1,72 @@
+/*
+ * sim.h - predicts how long a collective takes: builds every rank's
+ * schedule and runs them together, as a discrete-event simulation, under
+ * an alpha-beta-gamma cost model.  Selection and weft-sim use it.
+ */
+#ifndef WEFT_SIM_H
+#define WEFT_SIM_H
+
+#include <stddef.h>
+
+#include "algorithms/schedule.h"
+
+struct weft_link_table; /* src/topo.h */
+
+/* The cost model.  Borrowed by weft_sim_predict for the call only.
+ * Invariant: every cost the model gives is finite and >= 0. */
+struct weft_sim_model {
+    /* alpha (s per message) and beta (s per byte) of the link i -> j */
+    void (*link)(const void *ctx, int i, int j, double *alpha, double *beta);
+    const void *ctx;
+    double gamma; /* s per byte reduced (RECV_REDUCE), on the receiving rank */
+    double copy;  /* s per byte of a COPY step */
+    size_t esize; /* bytes per element, >= 1 */
+};
+
+/* Predicted seconds for the collective tmpl describes (tmpl->rank is ignored:
+ * all tmpl->nranks ranks' schedules are built and run together).
+ *
+ * The model (Thakur, Rabenseifner & Gropp 2005, with the engine's posting
+ * rules):
+ * - SEND, RECV and COPY start once their deps are done; a RECV_REDUCE's
+ *   receive is posted once its deps are posted, its reduce waits for them
+ *   to be done.  Messages of one link (peer and direction) are posted in
+ *   schedule order.
+ * - A message i -> j moves once its send and its receive are both posted,
+ *   taking alpha(i,j) + bytes * beta(i,j).  Each rank has one send port and
+ *   one receive port (full duplex): a message waits until the sender's send
+ *   port and the receiver's receive port are both free, and messages claim
+ *   the ports in the order they became ready (ties: in issue order).
+ *   The send completes when the message has arrived (no buffering).
+ * - A RECV_REDUCE then costs bytes * gamma of the receiving rank's CPU, a
+ *   COPY bytes * copy (even one whose source and destination coincide);
+ *   one CPU per rank runs them one at a time, in the order they become
+ *   ready.  Staging slots are unlimited.
+ * *seconds gets the time the last step of any rank completes (0 when no
+ * rank has a step).  Errors: WEFT_ERR_INVALID_ARG for a bad tmpl or model
+ * (nranks < 1, NULL model, a cost not finite or negative), a schedule
+ * whose sends and receives do not match or that deadlocks; what
+ * weft_sched_build returns; WEFT_ERR_NO_MEMORY.  *seconds is set only on
+ * success.  Cost: O(S log S) time and at most about 60 bytes of memory per step
+ * for S steps over all ranks. */
+weft_status_t weft_sim_predict(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
+                               double *seconds) WEFT_HIDDEN;
+
+/* A two-level cluster: rank r sits on node r / ppn; ranks of one node talk
+ * at intra cost, others at inter cost (seconds, seconds per byte). */
+struct weft_sim_cluster {
+    int ppn; /* ranks per node, >= 1 */
+    double intra_alpha, intra_beta;
+    double inter_alpha, inter_beta;
+};
+
+/* Sets m->link and m->ctx to the cluster's (c is borrowed: it must outlive
+ * every use of m); gamma, copy and esize are the caller's to set. */
+void weft_sim_two_level(struct weft_sim_model *m, const struct weft_sim_cluster *c) WEFT_HIDDEN;
+
+/* Sets m->link and m->ctx to read costs from a link table (borrowed, as
+ * above).  A pair outside the table gets a NaN cost, which
+ * weft_sim_predict rejects. */
+void weft_sim_link_table(struct weft_sim_model *m, const struct weft_link_table *tab) WEFT_HIDDEN;
+
+#endif /* WEFT_SIM_H */

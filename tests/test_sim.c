@@ -1,0 +1,437 @@
+/*
+ * test_sim.c - the schedule simulator (algorithms/sim.c) against the
+ * textbook costs of Thakur, Rabenseifner & Gropp 2005, its pipelining and
+ * two-level behaviour, its errors, and the weft-sim tool.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "algorithms/schedule.h"
+#include "algorithms/sim.h"
+#include "src/topo.h"
+#include "testutil.h"
+
+/* A uniform network: every link costs the same. */
+struct uniform {
+    double alpha, beta;
+};
+
+static void uniform_link(const void *ctx, int i, int j, double *alpha, double *beta)
+{
+    (void)i;
+    (void)j;
+    const struct uniform *u = ctx;
+    *alpha = u->alpha;
+    *beta = u->beta;
+}
+
+/* Awkward values, so that a formula matching by accident is unlikely. */
+static const struct uniform U = {.alpha = 3.7e-6, .beta = 1 / 2.9e9};
+static const double GAMMA = 1 / 7.3e9;
+#define ESIZE 4
+
+static struct weft_sim_model uniform_model(void)
+{
+    return (struct weft_sim_model){
+        .link = uniform_link, .ctx = &U, .gamma = GAMMA, .copy = 0, .esize = ESIZE};
+}
+
+static double sim(const struct weft_sim_model *m, int algo, int var, int coll, int p,
+                  size_t count, size_t chunk)
+{
+    struct weft_coll_desc d = {
+        .coll = coll, .rank = 0, .nranks = p, .root = 0, .count = count,
+        .chunk = chunk, .algo = algo, .variant = var,
+    };
+    double t = -1;
+    weft_status_t st = weft_sim_predict(&d, m, &t);
+    cr_assert_eq(st, WEFT_OK, "%s/%d %s p=%d count=%zu: status %d", weft_algo_name(algo), var,
+                 weft_coll_name(coll), p, count, st);
+    return t;
+}
+
+static void expect(double got, double want, const char *what, int p, size_t n)
+{
+    cr_expect(fabs(got - want) <= 1e-9 * want, "%s p=%d n=%zu B: simulated %.12g s, formula %.12g s",
+              what, p, n, got, want);
+}
+
+static double lg(int p)
+{
+    double l = 0;
+    while ((1 << (int)l) < p)
+        l++;
+    return l; /* ceil(log2 p) */
+}
+
+/* Rank counts and per-block element counts of the formula tests. */
+static const int ps[] = {2, 3, 4, 5, 7, 8, 12, 16, 33, 64};
+static const size_t blocks[] = {1, 7, 1000, 65536};
+#define NPS (sizeof(ps) / sizeof(ps[0]))
+#define NBLOCKS (sizeof(blocks) / sizeof(blocks[0]))
+
+Test(sim, ring_allgather_formula)
+{
+    struct weft_sim_model m = uniform_model();
+    for (size_t i = 0; i < NPS; i++)
+        for (size_t j = 0; j < NBLOCKS; j++) {
+            int p = ps[i];
+            size_t c = blocks[j];
+            double n = (double)(c * (size_t)p * ESIZE); /* bytes gathered */
+            double want = (p - 1) * U.alpha + (p - 1.0) / p * n * U.beta;
+            expect(sim(&m, WEFT_ALGO_RING, 0, WEFT_COLL_ALLGATHER, p, c, c), want,
+                   "ring allgather", p, (size_t)n);
+        }
+}
+
+Test(sim, ring_reduce_scatter_formula)
+{
+    struct weft_sim_model m = uniform_model();
+    for (size_t i = 0; i < NPS; i++)
+        for (size_t j = 0; j < NBLOCKS; j++) {
+            int p = ps[i];
+            size_t c = blocks[j];
+            double n = (double)(c * (size_t)p * ESIZE); /* bytes reduced */
+            double want = (p - 1) * U.alpha + (p - 1.0) / p * n * (U.beta + GAMMA);
+            expect(sim(&m, WEFT_ALGO_RING, 0, WEFT_COLL_REDUCE_SCATTER, p, c, c), want,
+                   "ring reduce-scatter", p, (size_t)n);
+        }
+}
+
+Test(sim, ring_allreduce_formula)
+{
+    struct weft_sim_model m = uniform_model();
+    for (size_t i = 0; i < NPS; i++)
+        for (size_t j = 0; j < NBLOCKS; j++) {
+            int p = ps[i];
+            size_t count = blocks[j] * (size_t)p; /* p equal blocks */
+            double n = (double)(count * ESIZE);
+            double want = 2 * (p - 1) * U.alpha + 2 * (p - 1.0) / p * n * U.beta +
+                          (p - 1.0) / p * n * GAMMA;
+            expect(sim(&m, WEFT_ALGO_RING, 0, WEFT_COLL_ALLREDUCE, p, count, count), want,
+                   "ring allreduce", p, (size_t)n);
+        }
+}
+
+Test(sim, recursive_doubling_allreduce_formula)
+{
+    struct weft_sim_model m = uniform_model();
+    for (int p = 2; p <= 256; p *= 2)
+        for (size_t j = 0; j < NBLOCKS; j++) {
+            size_t count = blocks[j] * 3;
+            double n = (double)(count * ESIZE);
+            double want = lg(p) * (U.alpha + n * U.beta + n * GAMMA);
+            expect(sim(&m, WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING, WEFT_COLL_ALLREDUCE, p, count,
+                       count),
+                   want, "recursive doubling allreduce", p, (size_t)n);
+        }
+}
+
+Test(sim, binomial_broadcast_formula)
+{
+    struct weft_sim_model m = uniform_model();
+    for (size_t i = 0; i < NPS; i++)
+        for (size_t j = 0; j < NBLOCKS; j++) {
+            int p = ps[i];
+            size_t count = blocks[j] * 5;
+            double n = (double)(count * ESIZE);
+            double want = lg(p) * (U.alpha + n * U.beta);
+            expect(sim(&m, WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL, WEFT_COLL_BROADCAST, p, count,
+                       count),
+                   want, "binomial broadcast", p, (size_t)n);
+        }
+}
+
+/* The rhd rows run once their builders exist (other branches add them). */
+static void rhd_rows(int coll, const char *what)
+{
+    if (!weft_algo_serves(WEFT_ALGO_RHD, WEFT_VAR_RHD_RABENSEIFNER, coll))
+        cr_skip("rhd %s not built", what);
+    struct weft_sim_model m = uniform_model();
+    for (int p = 2; p <= 128; p *= 2)
+        for (size_t j = 0; j < NBLOCKS; j++) {
+            size_t c = blocks[j];
+            size_t count = coll == WEFT_COLL_ALLREDUCE ? c * (size_t)p : c;
+            double n = (double)(c * (size_t)p * ESIZE), f = (p - 1.0) / p, want;
+            if (coll == WEFT_COLL_ALLREDUCE)
+                want = 2 * lg(p) * U.alpha + 2 * f * n * U.beta + f * n * GAMMA;
+            else if (coll == WEFT_COLL_REDUCE_SCATTER)
+                want = lg(p) * U.alpha + f * n * (U.beta + GAMMA);
+            else
+                want = lg(p) * U.alpha + f * n * U.beta;
+            size_t chunk = c * (size_t)p; /* every message in one piece */
+            expect(sim(&m, WEFT_ALGO_RHD, WEFT_VAR_RHD_RABENSEIFNER, coll, p, count, chunk), want,
+                   what, p, (size_t)n);
+        }
+}
+
+Test(sim, rabenseifner_allreduce_formula)
+{
+    rhd_rows(WEFT_COLL_ALLREDUCE, "allreduce");
+}
+
+Test(sim, recursive_halving_reduce_scatter_formula)
+{
+    rhd_rows(WEFT_COLL_REDUCE_SCATTER, "reduce-scatter");
+}
+
+Test(sim, recursive_doubling_allgather_formula)
+{
+    rhd_rows(WEFT_COLL_ALLGATHER, "allgather");
+}
+
+/* A chain of p ranks carrying k chunks: the last chunk leaves the root
+ * after k-1 others and then crosses p-1 links, one chunk-time each. */
+Test(sim, ring_broadcast_pipelines)
+{
+    struct weft_sim_model m = uniform_model();
+    static const int pk[][2] = {{2, 1}, {2, 9}, {5, 7}, {8, 3}, {16, 64}, {31, 2}};
+    for (size_t i = 0; i < sizeof(pk) / sizeof(pk[0]); i++) {
+        int p = pk[i][0], k = pk[i][1];
+        size_t chunk = 1000, count = chunk * (size_t)k;
+        double n = (double)(count * ESIZE);
+        double want = (p - 1 + k - 1) * (U.alpha + n / k * U.beta);
+        expect(sim(&m, WEFT_ALGO_RING, 0, WEFT_COLL_BROADCAST, p, count, chunk), want,
+               "pipelined ring broadcast", p, (size_t)n);
+        /* More chunks than one pay more latency but overlap the hops. */
+        if (k > 1 && p > 2)
+            cr_expect_lt(want, sim(&m, WEFT_ALGO_RING, 0, WEFT_COLL_BROADCAST, p, count, count),
+                         "p=%d: %d chunks are not faster than one", p, k);
+    }
+}
+
+/* A copy is charged to the rank's CPU: a lone rank pays for its copy. */
+Test(sim, one_rank)
+{
+    struct weft_sim_model m = uniform_model();
+    cr_expect_eq(sim(&m, WEFT_ALGO_RING, 0, WEFT_COLL_ALLREDUCE, 1, 1000, 1000), 0.0);
+    m.copy = 1e-10;
+    expect(sim(&m, WEFT_ALGO_RING, 0, WEFT_COLL_ALLREDUCE, 1, 1000, 1000), 1000 * ESIZE * 1e-10,
+           "lone copy", 1, 1000 * ESIZE);
+    expect(sim(&m, WEFT_ALGO_RING, 0, WEFT_COLL_ALLGATHER, 1, 1000, 64), 1000 * ESIZE * 1e-10,
+           "lone allgather copy", 1, 1000 * ESIZE);
+    cr_expect_eq(sim(&m, WEFT_ALGO_RING, 0, WEFT_COLL_BROADCAST, 1, 0, 64), 0.0);
+}
+
+/* Broadcast of 12 KiB in three 4 KiB chunks over 4 nodes of 4 ranks.  On
+ * a uniform network the binomial tree (4 hops per chunk) beats the chain
+ * of 16 ranks (15 hops).  Make the links between nodes 20 times slower
+ * (10 us, 1 GB/s) and the chain wins: it crosses a node boundary 3 times
+ * and each inter-node link carries a chunk once, while the tree's first
+ * two hops both cross nodes and its root sends each chunk across nodes
+ * twice, one after the other. */
+Test(sim, two_level_ranks_ring_and_tree)
+{
+    struct weft_sim_cluster flat = {.ppn = 4, .intra_alpha = 0.5e-6, .intra_beta = 1e-10,
+                                    .inter_alpha = 0.5e-6, .inter_beta = 1e-10};
+    struct weft_sim_cluster slow = flat;
+    slow.inter_alpha = 10e-6;
+    slow.inter_beta = 1e-9;
+    struct weft_sim_model m = uniform_model();
+    size_t count = 3072, chunk = 1024;
+
+    weft_sim_two_level(&m, &flat);
+    double ring_flat = sim(&m, WEFT_ALGO_RING, 0, WEFT_COLL_BROADCAST, 16, count, chunk);
+    double tree_flat =
+        sim(&m, WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL, WEFT_COLL_BROADCAST, 16, count, chunk);
+    weft_sim_two_level(&m, &slow);
+    double ring_slow = sim(&m, WEFT_ALGO_RING, 0, WEFT_COLL_BROADCAST, 16, count, chunk);
+    double tree_slow =
+        sim(&m, WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL, WEFT_COLL_BROADCAST, 16, count, chunk);
+
+    cr_expect_lt(tree_flat, ring_flat, "uniform: tree %g s, ring %g s", tree_flat, ring_flat);
+    cr_expect_lt(ring_slow, tree_slow, "slow inter: ring %g s, tree %g s", ring_slow, tree_slow);
+    /* The uniform cluster is the uniform model. */
+    struct uniform u = {0.5e-6, 1e-10};
+    struct weft_sim_model um = uniform_model();
+    um.ctx = &u;
+    expect(sim(&um, WEFT_ALGO_RING, 0, WEFT_COLL_BROADCAST, 16, count, chunk), ring_flat,
+           "two-level with equal levels", 16, count * ESIZE);
+}
+
+Test(sim, invalid_input)
+{
+    struct weft_sim_model m = uniform_model();
+    struct weft_coll_desc d = {.coll = WEFT_COLL_ALLREDUCE, .nranks = 4, .count = 10, .chunk = 10};
+    double t = 42;
+    cr_expect_eq(weft_sim_predict(&d, NULL, &t), WEFT_ERR_INVALID_ARG);
+    cr_expect_eq(weft_sim_predict(NULL, &m, &t), WEFT_ERR_INVALID_ARG);
+    cr_expect_eq(weft_sim_predict(&d, &m, NULL), WEFT_ERR_INVALID_ARG);
+    d.nranks = 0;
+    cr_expect_eq(weft_sim_predict(&d, &m, &t), WEFT_ERR_INVALID_ARG);
+    d.nranks = -3;
+    cr_expect_eq(weft_sim_predict(&d, &m, &t), WEFT_ERR_INVALID_ARG);
+    d.nranks = 4;
+
+    struct weft_sim_model bad = m;
+    bad.link = NULL;
+    cr_expect_eq(weft_sim_predict(&d, &bad, &t), WEFT_ERR_INVALID_ARG);
+    bad = m;
+    bad.esize = 0;
+    cr_expect_eq(weft_sim_predict(&d, &bad, &t), WEFT_ERR_INVALID_ARG);
+    bad = m;
+    bad.gamma = -1;
+    cr_expect_eq(weft_sim_predict(&d, &bad, &t), WEFT_ERR_INVALID_ARG);
+    bad = m;
+    bad.copy = NAN;
+    cr_expect_eq(weft_sim_predict(&d, &bad, &t), WEFT_ERR_INVALID_ARG);
+    /* A link cost the model cannot give (ppn 0) fails the run. */
+    struct weft_sim_cluster cl = {.ppn = 0};
+    bad = m;
+    weft_sim_two_level(&bad, &cl);
+    cr_expect_eq(weft_sim_predict(&d, &bad, &t), WEFT_ERR_INVALID_ARG);
+    struct uniform neg = {.alpha = -1, .beta = 0};
+    bad = m;
+    bad.ctx = &neg;
+    cr_expect_eq(weft_sim_predict(&d, &bad, &t), WEFT_ERR_INVALID_ARG);
+
+    /* What the builder rejects comes back. */
+    d.chunk = 0;
+    cr_expect_eq(weft_sim_predict(&d, &m, &t), WEFT_ERR_INVALID_ARG);
+    d.chunk = 10;
+    d.algo = WEFT_ALGO_TREE;
+    d.variant = WEFT_VAR_TREE_BINOMIAL; /* broadcast only */
+    cr_expect_eq(weft_sim_predict(&d, &m, &t), WEFT_ERR_UNSUPPORTED);
+    cr_expect_eq(t, 42, "a failed prediction changed *seconds");
+}
+
+/* p = 1024, ring allreduce with one chunk per block: 4 million steps. */
+Test(sim, large_ring_is_fast, .timeout = 60)
+{
+    struct weft_sim_model m = uniform_model();
+    int p = 1024;
+    size_t count = (size_t)p * 256;
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    double t = sim(&m, WEFT_ALGO_RING, 0, WEFT_COLL_ALLREDUCE, p, count, count);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double n = (double)(count * ESIZE);
+    expect(t, 2 * (p - 1) * U.alpha + 2 * (p - 1.0) / p * n * U.beta + (p - 1.0) / p * n * GAMMA,
+           "ring allreduce", p, (size_t)n);
+    double secs = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
+    cr_log_info("ring allreduce p=1024: simulated in %.3f s", secs);
+}
+
+/* ---- weft-sim ------------------------------------------------------------------- */
+
+/* Runs ./weft-sim ARGS beside this binary; returns the exit code, out gets
+ * stdout and stderr. */
+static int weft_sim(const char *args, char *out, size_t outlen)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof(cmd), "cd %s && timeout -k 5 120 ./weft-sim %s 2>&1", weft_test_bindir(),
+             args);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    size_t got = fread(out, 1, outlen - 1, f);
+    out[got] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(weft_sim, argument_errors)
+{
+    static const struct {
+        const char *args, *flag;
+    } cases[] = {
+        {"", "-n"},
+        {"-n 0", "-n"},
+        {"-n x", "-n"},
+        {"-n 8 --gbps 0", "--gbps"},
+        {"-n 8 --gbps abc", "--gbps"},
+        {"-n 8 --alpha-us -1", "--alpha-us"},
+        {"-n 8 --inter-gbps=-2", "--inter-gbps"},
+        {"-n 8 --reduce-gbps nan", "--reduce-gbps"},
+        {"-n 8 -c allsum", "-c"},
+        {"-n 8 -a ring,bogus", "-a"},
+        {"-n 8 -a rhd/sideways", "-a"},
+        {"-n 8 -b 1K -e 8", "-e"},
+        {"-n 8 -f 1", "-f"},
+        {"-n 8 --chunk 0", "--chunk"},
+        {"-n 8 --dtype-bytes 3", "--dtype-bytes"},
+        {"-n 8 --nodes 3", "--nodes"},
+        {"-n 8 --nodes 4 --ppn 4", "--nodes"},
+        {"-n 8 --frobnicate 1", "--frobnicate"},
+        {"-n", "-n"},
+    };
+    char out[8192];
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int rc = weft_sim(cases[i].args, out, sizeof(out));
+        cr_expect_eq(rc, 2, "weft-sim %s: exit %d, output:\n%s", cases[i].args, rc, out);
+        char want[64];
+        snprintf(want, sizeof(want), "weft-sim: %s:", cases[i].flag);
+        cr_expect(strstr(out, want), "weft-sim %s: no '%s' in:\n%s", cases[i].args, want, out);
+    }
+    cr_expect_eq(weft_sim("--help", out, sizeof(out)), 0);
+    cr_expect(strstr(out, "usage: weft-sim"), "%s", out);
+}
+
+Test(weft_sim, allreduce_crossover_at_8_ranks)
+{
+    static char out[1 << 16];
+    int rc = weft_sim("-n 8 -c allreduce -a ring,rhd/doubling", out, sizeof(out));
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    cr_expect(strstr(out, "# crossover allreduce: rhd/doubling -> ring at "),
+              "no rhd/doubling -> ring crossover in:\n%s", out);
+    /* The table has both columns and marks a fastest in each row. */
+    cr_expect(strstr(out, "ring") && strstr(out, "rhd/doubling") && strstr(out, "*"), "%s", out);
+    /* The crossover lies inside the table's range, between two rows. */
+    const char *x = strstr(out, "rhd/doubling -> ring at ");
+    cr_assert_not_null(x);
+    double bytes = atof(x + strlen("rhd/doubling -> ring at "));
+    cr_expect(bytes > 8 && bytes < 64 << 20, "crossover at %g B", bytes);
+}
+
+Test(weft_sim, every_collective_and_hier_nodes)
+{
+    static char out[1 << 17];
+    int rc = weft_sim("--nodes 2 --ppn 3 -b 8 -e 1M", out, sizeof(out));
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    static const char *const names[] = {"allreduce", "reducescatter", "allgather", "broadcast",
+                                        "reduce"};
+    for (size_t i = 0; i < 5; i++) {
+        char want[64];
+        snprintf(want, sizeof(want), "# crossover %s: ", names[i]);
+        cr_expect(strstr(out, want), "no crossover line for %s in:\n%s", names[i], out);
+    }
+    cr_expect(strstr(out, "6 ranks (2 nodes x 3)"), "%s", out);
+}
+
+/* The link-table model reads what the table says: two hosts, shm inside
+ * and tcp between, give what the two-level cluster with those costs does. */
+Test(sim, link_table_model)
+{
+    const char *hosts[8] = {"a", "a", "a", "a", "b", "b", "b", "b"};
+    struct weft_link_table tab;
+    char err[256];
+    cr_assert_eq(weft_topo_table_init(&tab, 8, hosts, 1u << WEFT_LINK_SHM | 1u << WEFT_LINK_TCP,
+                                      err, sizeof(err)),
+                 WEFT_OK, "%s", err);
+    cr_assert_eq(weft_topo_table_set_default(&tab, WEFT_LINK_SHM, 0.7e-6, 1 / 9e9), WEFT_OK);
+    cr_assert_eq(weft_topo_table_set_default(&tab, WEFT_LINK_TCP, 6e-6, 1 / 2.5e9), WEFT_OK);
+    struct weft_sim_cluster cl = {.ppn = 4, .intra_alpha = 0.7e-6, .intra_beta = 1 / 9e9,
+                                  .inter_alpha = 6e-6, .inter_beta = 1 / 2.5e9};
+    struct weft_sim_model mt = uniform_model(), mc = uniform_model();
+    weft_sim_link_table(&mt, &tab);
+    weft_sim_two_level(&mc, &cl);
+    for (size_t count = 8; count <= 800000; count *= 10) {
+        double t = sim(&mt, WEFT_ALGO_RING, 0, WEFT_COLL_ALLREDUCE, 8, count, 4096);
+        expect(t, sim(&mc, WEFT_ALGO_RING, 0, WEFT_COLL_ALLREDUCE, 8, count, 4096),
+               "ring allreduce over a link table", 8, count * ESIZE);
+        /* Slower than if every link were shm. */
+        struct weft_sim_model mu = uniform_model();
+        struct uniform fast = {0.7e-6, 1 / 9e9};
+        mu.ctx = &fast;
+        cr_expect_gt(t, sim(&mu, WEFT_ALGO_RING, 0, WEFT_COLL_ALLREDUCE, 8, count, 4096));
+    }
+    /* More ranks than the table has: the model cannot cost them. */
+    struct weft_coll_desc d = {.coll = WEFT_COLL_ALLREDUCE, .nranks = 9, .count = 90, .chunk = 90};
+    double t;
+    cr_expect_eq(weft_sim_predict(&d, &mt, &t), WEFT_ERR_INVALID_ARG);
+    weft_topo_table_fini(&tab);
+}
