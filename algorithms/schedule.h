@@ -125,6 +125,12 @@ weft_status_t weft_sched_build(const struct weft_coll_desc *d, struct weft_sched
  * the same operand order, so every rank's result is bitwise identical. */
 weft_status_t weft_rd_build(const struct weft_coll_desc *d, struct weft_schedule *s) WEFT_HIDDEN;
 
+/* Recursive halving/doubling (algorithms/rhd.c), variant 0: Rabenseifner
+ * allreduce, reduce_scatter, allgather, broadcast (scatter + allgather) and
+ * reduce (reduce-scatter + gather), any nranks >= 1, root and count;
+ * WEFT_VAR_RHD_DOUBLING: weft_rd_build (allreduce only). */
+weft_status_t weft_rhd_build(const struct weft_coll_desc *d, struct weft_schedule *s) WEFT_HIDDEN;
+
 /* Binomial tree broadcast (algorithms/tree.c), pipelined in chunks: each
  * chunk reaches every rank in ceil(log2 p) hops.  Other collectives:
  * WEFT_ERR_UNSUPPORTED. */

@@ -935,8 +935,21 @@ static bool check_outputs(struct sim *sm)
                 }
             }
             /* One FINAL reduction per element on a rank that computes the
-             * result, none on one that receives it. */
-            for (size_t k = 0; ok && rd && k < sm->ra.n; k++) {
+             * result, none on one that receives it.  Rabenseifner: each rank
+             * computes a share and receives the rest, so the elements it
+             * reduced with FINAL are exactly those of its result it made. */
+            bool whole = PLAN_VAR(sm->algo) == WEFT_VAR_RHD_DOUBLING;
+            size_t own_elems = 0;
+            for (size_t k = 0; ok && rd && !whole && k < sm->ra.n; k++) {
+                int64_t o = sm->ra.r[k].v.origin;
+                size_t end = k + 1 < sm->ra.n ? sm->ra.r[k + 1].off : len;
+                if (o >= 0 && (int)(o >> 32) == rank)
+                    own_elems += end - sm->ra.r[k].off;
+            }
+            if (ok && rd && !whole && r->final_elems != own_elems)
+                ok = fail(sm, "rank %d: reduced %zu elements with FINAL, and %zu of its result "
+                          "are its own", rank, r->final_elems, own_elems);
+            for (size_t k = 0; ok && rd && whole && k < sm->ra.n; k++) {
                 int64_t o = sm->ra.r[k].v.origin;
                 bool own = o >= 0 && (int)(o >> 32) == rank;
                 if (own ? r->final_elems != len : r->final_elems != 0)

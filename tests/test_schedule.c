@@ -1268,6 +1268,65 @@ Test(ordered, left_fold_shape)
 /* Allgather and broadcast combine nothing: ordered builds the same steps.
  * The reducing collectives get the chain, not the ring. */
 Test(ordered, only_reductions_change)
+/* ---- recursive halving/doubling, checked ----------------------------------------- */
+
+#define PLAN_RHD PLAN(WEFT_ALGO_RHD, WEFT_VAR_RHD_RABENSEIFNER)
+
+/* Every rhd collective over ranks pmin..pmax (then 31 and 64 when
+ * with_big): powers of two and folded counts, every root up to 16 ranks
+ * and four above, counts that leave virtual blocks empty or uneven, one
+ * large odd count, and chunks of 3 and 1 so that rounds pipeline. */
+static void rhd_matrix(int plan, int coll, int pmin, int pmax, bool with_big, int slots)
+{
+    int ps[SMALLP], np = rank_counts(pmin, pmax, with_big, ps);
+    for (int i = 0; i < np; i++) {
+        int p = ps[i];
+        bool per_block = coll == WEFT_COLL_ALLGATHER || coll == WEFT_COLL_REDUCE_SCATTER;
+        size_t small = per_block ? 17 : 10 * (size_t)p + 7;
+        size_t big = per_block ? 1 << 18 : 65536;
+        size_t counts[] = { 0, 1, (size_t)p - 1, (size_t)p + 1, 1000003, small,
+                            per_block ? 5 : (size_t)p + 1 };
+        size_t chunks[] = { 1 << 20, 1 << 20, 1 << 20, 1 << 20, big, 3, 1 };
+        int roots[SMALLP], nroots = 0;
+        bool rooted = coll == WEFT_COLL_BROADCAST || coll == WEFT_COLL_REDUCE;
+        if (!rooted || p <= 16) {
+            for (int r = 0; r < (rooted ? p : 1); r++)
+                roots[nroots++] = r;
+        } else {
+            int pick[] = { 0, 1, p / 2, p - 1 };
+            for (int k = 0; k < 4; k++)
+                roots[nroots++] = pick[k];
+        }
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+            for (int r = 0; r < nroots; r++)
+                check_sched(plan, coll, p, roots[r], counts[c], chunks[c], slots);
+    }
+}
+
+Test(rhd, allreduce_small_p) { rhd_matrix(PLAN_RHD, WEFT_COLL_ALLREDUCE, 1, 9, false, engine_slots()); }
+Test(rhd, allreduce_large_p)
+{
+    rhd_matrix(PLAN_RHD, WEFT_COLL_ALLREDUCE, 10, 17, true, engine_slots());
+}
+Test(rhd, allreduce_doubling) { rhd_matrix(PLAN_RD, WEFT_COLL_ALLREDUCE, 1, 17, false, engine_slots()); }
+Test(rhd, reduce_scatter) { rhd_matrix(PLAN_RHD, WEFT_COLL_REDUCE_SCATTER, 1, 17, true, engine_slots()); }
+Test(rhd, allgather) { rhd_matrix(PLAN_RHD, WEFT_COLL_ALLGATHER, 1, 17, true, engine_slots()); }
+Test(rhd, broadcast) { rhd_matrix(PLAN_RHD, WEFT_COLL_BROADCAST, 1, 17, true, engine_slots()); }
+Test(rhd, reduce) { rhd_matrix(PLAN_RHD, WEFT_COLL_REDUCE, 1, 17, true, engine_slots()); }
+
+/* Unbuffered sends and one or two staging slots: no exchange may need the
+ * transport to buffer a message. */
+Test(rhd, no_buffering_needed)
+{
+    int colls[] = { WEFT_COLL_ALLREDUCE, WEFT_COLL_REDUCE_SCATTER, WEFT_COLL_ALLGATHER,
+                    WEFT_COLL_BROADCAST, WEFT_COLL_REDUCE };
+    for (int slots = 1; slots <= 2; slots++)
+        for (size_t c = 0; c < sizeof(colls) / sizeof(colls[0]); c++)
+            rhd_matrix(PLAN_RHD, colls[c], 1, 9, false, slots);
+}
+
+/* The rhd variant 1 is recursive doubling, the same schedule as rd.c's. */
+Test(rhd, doubling_variant_is_rd)
 {
     struct weft_schedule a, b;
     weft_sched_init(&a);
@@ -1304,4 +1363,234 @@ Test(ordered, only_reductions_change)
     cr_assert(count_flag(&a, WEFT_STEP_RECV_FIRST) == 3 && count_flag(&a, WEFT_STEP_FINAL) == 0);
     weft_sched_free(&a);
     weft_sched_free(&b);
+}
+    for (int rank = 0; rank < 6; rank++) {
+        struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, rank, 6, 0, 100, 7, WEFT_ALGO_RHD,
+                                    WEFT_VAR_RHD_DOUBLING, 0, NULL, 0 };
+        cr_assert(weft_rhd_build(&d, &a) == WEFT_OK && weft_rd_build(&d, &b) == WEFT_OK);
+        cr_assert(same_steps(&a, &b), "rank %d", rank);
+    }
+    weft_sched_free(&a);
+    weft_sched_free(&b);
+}
+
+static size_t sum_counts(const struct weft_schedule *s, int kind)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->nsteps; i++)
+        n += s->steps[i].kind == kind ? s->steps[i].count : 0;
+    return n;
+}
+
+/* The shape the cost model may assume: log2(p) halving rounds of shrinking
+ * halves, log2(p) doubling rounds, one FINAL block per rank; broadcast
+ * receives every element once; scratch only where partial sums need it. */
+Test(rhd, step_structure)
+{
+    struct weft_schedule s;
+    weft_sched_init(&s);
+    /* p=8, 64 elements in one chunk: sends of 32, 16, 8, then 8, 16, 32. */
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 3, 8, 0, 64, 1 << 20, WEFT_ALGO_RHD, 0, 0, NULL, 0 };
+    cr_assert(weft_rhd_build(&d, &s) == WEFT_OK);
+    cr_assert(s.nsteps == 12 && s.scratch_count == 0, "%zu steps", s.nsteps);
+    size_t want[] = { 32, 16, 8, 8, 16, 32 };
+    for (size_t i = 0; i < s.nsteps; i++) {
+        const struct weft_step *st = &s.steps[i];
+        cr_assert(st->count == want[i / 2], "step %zu count %zu", i, st->count);
+        cr_assert(st->kind == (i % 2 ? (i < 6 ? WEFT_STEP_RECV_REDUCE : WEFT_STEP_RECV)
+                                     : WEFT_STEP_SEND), "step %zu", i);
+        cr_assert(!(st->flags & WEFT_STEP_FINAL) == (i != 5), "step %zu flags %d", i, st->flags);
+    }
+    /* Chunks of 3: each piece of a round waits for its chunk's piece only. */
+    d.chunk = 3;
+    cr_assert(weft_rhd_build(&d, &s) == WEFT_OK);
+    for (size_t i = 0; i < s.nsteps; i++) {
+        const struct weft_step *st = &s.steps[i];
+        cr_assert(st->count <= 3 && st->off / 3 == (st->off + st->count - 1) / 3);
+        for (int k = 0; k < WEFT_STEP_MAX_DEPS; k++)
+            if (st->deps[k] >= 0)
+                cr_assert(s.steps[st->deps[k]].off / 3 == st->off / 3, "step %zu", i);
+    }
+    /* Broadcast: a non-root receives each element once; the root only sends. */
+    for (int p = 2; p <= 12; p++)
+        for (int rank = 0; rank < p; rank++) {
+            d = (struct weft_coll_desc){ WEFT_COLL_BROADCAST, rank, p, 1 % p, 100, 7,
+                                         WEFT_ALGO_RHD, 0, 0, NULL, 0 };
+            cr_assert(weft_rhd_build(&d, &s) == WEFT_OK);
+            size_t got = sum_counts(&s, WEFT_STEP_RECV);
+            cr_assert(got == (rank == 1 % p ? 0u : 100u), "p=%d rank %d receives %zu", p, rank,
+                      got);
+        }
+    /* Reduce_scatter keeps partial sums in scratch once there are two
+     * halving rounds or a fold; p=2 reduces straight into recvbuf. */
+    d = (struct weft_coll_desc){ WEFT_COLL_REDUCE_SCATTER, 0, 2, 0, 10, 4, WEFT_ALGO_RHD, 0, 0, NULL, 0 };
+    cr_assert(weft_rhd_build(&d, &s) == WEFT_OK && s.scratch_count == 0);
+    d.nranks = 4;
+    cr_assert(weft_rhd_build(&d, &s) == WEFT_OK && s.scratch_count == 40);
+    /* p=3: rank 0 is folded: it sends its 30 and gets its 10 back. */
+    d.nranks = 3;
+    cr_assert(weft_rhd_build(&d, &s) == WEFT_OK && s.scratch_count == 0);
+    cr_assert(sum_counts(&s, WEFT_STEP_SEND) == 30 && sum_counts(&s, WEFT_STEP_RECV) == 10);
+    /* Reduce: scratch off the root only. */
+    d = (struct weft_coll_desc){ WEFT_COLL_REDUCE, 2, 4, 2, 10, 4, WEFT_ALGO_RHD, 0, 0, NULL, 0 };
+    cr_assert(weft_rhd_build(&d, &s) == WEFT_OK && s.scratch_count == 0);
+    d.rank = 3;
+    cr_assert(weft_rhd_build(&d, &s) == WEFT_OK && s.scratch_count == 10);
+    /* p=1: one COPY, or nothing for count 0. */
+    for (int coll = 0; coll <= WEFT_COLL_REDUCE; coll++) {
+        d = (struct weft_coll_desc){ coll, 0, 1, 0, 5, 2, WEFT_ALGO_RHD, 0, 0, NULL, 0 };
+        cr_assert(weft_rhd_build(&d, &s) == WEFT_OK);
+        cr_assert(s.nsteps == 1 && s.steps[0].kind == WEFT_STEP_COPY && s.steps[0].count == 5);
+        d.count = 0;
+        cr_assert(weft_rhd_build(&d, &s) == WEFT_OK && s.nsteps == 0);
+    }
+    weft_sched_free(&s);
+}
+
+Test(rhd, bad_descriptions)
+{
+    struct {
+        struct weft_coll_desc d;
+        weft_status_t want;
+        const char *needle;
+    } c[] = {
+#define RHD_DESC(coll, rank, p, root, count, chunk, var)                                      \
+    { coll, rank, p, root, count, chunk, WEFT_ALGO_RHD, var, 0, NULL, 0 }
+        { RHD_DESC(WEFT_COLL_ALLREDUCE, 0, 0, 0, 4, 1, 0), WEFT_ERR_INVALID_ARG, "of 0" },
+        { RHD_DESC(WEFT_COLL_ALLGATHER, -1, 4, 0, 4, 1, 0), WEFT_ERR_INVALID_ARG, "rank -1" },
+        { RHD_DESC(WEFT_COLL_REDUCE, 4, 4, 0, 4, 1, 0), WEFT_ERR_INVALID_ARG, "rank 4" },
+        { RHD_DESC(WEFT_COLL_BROADCAST, 0, 4, 4, 4, 1, 0), WEFT_ERR_INVALID_ARG, "root 4" },
+        { RHD_DESC(WEFT_COLL_REDUCE, 0, 4, -1, 4, 1, 0), WEFT_ERR_INVALID_ARG, "root -1" },
+        { RHD_DESC(WEFT_COLL_REDUCE_SCATTER, 0, 4, 0, 4, 0, 0), WEFT_ERR_INVALID_ARG, "chunk 0" },
+        { RHD_DESC(WEFT_COLL_ALLREDUCE, 0, 4, 0, 4, 1, 2), WEFT_ERR_INVALID_ARG,
+          "unknown variant 2" },
+        { RHD_DESC(WEFT_COLL_ALLREDUCE, 0, 4, 0, 4, 1, -1), WEFT_ERR_INVALID_ARG,
+          "unknown variant -1" },
+        { RHD_DESC(99, 0, 4, 0, 4, 1, 0), WEFT_ERR_INVALID_ARG, "unknown collective" },
+        { RHD_DESC(WEFT_COLL_SEND, 0, 4, 0, 4, 1, 0), WEFT_ERR_UNSUPPORTED, "point to point" },
+        { RHD_DESC(WEFT_COLL_BROADCAST, 0, 4, 0, 4, 1, WEFT_VAR_RHD_DOUBLING),
+          WEFT_ERR_UNSUPPORTED, "only allreduce, not broadcast" },
+        { RHD_DESC(WEFT_COLL_ALLGATHER, 0, 4, 0, SIZE_MAX / 2, 1, 0), WEFT_ERR_INVALID_ARG,
+          "overflows" },
+#undef RHD_DESC
+    };
+    struct weft_schedule s;
+    weft_sched_init(&s);
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        weft_status_t st = weft_rhd_build(&c[i].d, &s);
+        cr_assert(st == c[i].want, "case %zu: %s", i, weft_status_string(st));
+        cr_assert(strstr(weft_last_error(NULL), c[i].needle), "case %zu: message '%s'", i,
+                  weft_last_error(NULL));
+        cr_assert(s.nsteps == 0 && s.scratch_count == 0);
+    }
+    /* Root does not matter where there is none. */
+    struct weft_coll_desc d = { WEFT_COLL_ALLGATHER, 0, 4, 77, 4, 1, WEFT_ALGO_RHD, 0, 0, NULL, 0 };
+    cr_assert(weft_rhd_build(&d, &s) == WEFT_OK && s.nsteps > 0);
+    cr_assert(weft_rhd_build(NULL, &s) == WEFT_ERR_INVALID_ARG);
+    cr_assert(weft_rhd_build(&d, NULL) == WEFT_ERR_INVALID_ARG);
+    /* The dispatcher: variant 0 serves all five, variant 1 allreduce only. */
+    for (int coll = 0; coll <= WEFT_COLL_REDUCE; coll++) {
+        d = (struct weft_coll_desc){ coll, 1, 5, 2, 9, 2, WEFT_ALGO_RHD, 0, 0, NULL, 0 };
+        cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.nsteps > 0, "%s", weft_coll_name(coll));
+        d.variant = WEFT_VAR_RHD_DOUBLING;
+        cr_assert(weft_sched_build(&d, &s) ==
+                      (coll == WEFT_COLL_ALLREDUCE ? WEFT_OK : WEFT_ERR_UNSUPPORTED),
+                  "%s", weft_coll_name(coll));
+    }
+    weft_sched_free(&s);
+}
+
+/* ---- broken rhd schedules ---- */
+
+/* The first step of kind on s that talks to peer. */
+static struct weft_step *find_peer_step(struct weft_schedule *s, int kind, int peer)
+{
+    for (size_t i = 0; i < s->nsteps; i++)
+        if (s->steps[i].kind == kind && s->steps[i].peer == peer)
+            return &s->steps[i];
+    cr_assert_fail("no step of kind %d with peer %d", kind, peer);
+    return NULL;
+}
+
+static void rhd_drop_final(struct weft_schedule *sch, int p)
+{
+    for (size_t i = 0; i < sch[2].nsteps; i++)
+        sch[2].steps[i].flags &= (uint8_t)~WEFT_STEP_FINAL;
+}
+
+static void rhd_fold_out_early(struct weft_schedule *sch, int p)
+{
+    /* p=5: rank 1 hands its partner the result before it is complete. */
+    struct weft_step *st = &sch[1].steps[sch[1].nsteps - 1];
+    cr_assert(st->kind == WEFT_STEP_SEND && st->peer == 0);
+    st->deps[0] = st->deps[1] = st->deps[2] = -1;
+}
+
+static void rhd_fold_out_input(struct weft_schedule *sch, int p)
+{
+    /* p=3: rank 1 hands back its input instead of the result. */
+    struct weft_step *st = &sch[1].steps[sch[1].nsteps - 1];
+    cr_assert(st->kind == WEFT_STEP_SEND && st->peer == 0);
+    st->buf = WEFT_BUF_SEND;
+    st->deps[0] = st->deps[1] = -1;
+}
+
+static void rhd_gather_early(struct weft_schedule *sch, int p)
+{
+    /* Allgather p=4, one chunk: rank 0's second-round send no longer waits
+     * for the first round's receive. */
+    struct weft_step *st = find_step(&sch[0], WEFT_STEP_SEND, 1);
+    st->deps[0] = st->deps[1] = -1;
+}
+
+static void rhd_hand_back_early(struct weft_schedule *sch, int p)
+{
+    /* Reduce_scatter p=3: rank 1 hands rank 0 its block unreduced. */
+    find_peer_step(&sch[1], WEFT_STEP_SEND, 0)->deps[0] = -1;
+}
+
+static void rhd_gather_overwrites(struct weft_schedule *sch, int p)
+{
+    /* Reduce p=4 root 0: the last gather receive no longer waits for the
+     * halving's send of the same range (the same memory in place). */
+    struct weft_step *st = &sch[0].steps[sch[0].nsteps - 1];
+    cr_assert(st->kind == WEFT_STEP_RECV);
+    st->deps[0] = st->deps[1] = st->deps[2] = -1;
+}
+
+static void rhd_scatter_reorder(struct weft_schedule *sch, int p)
+{
+    /* Broadcast p=4 root 0: the root's first two scatter sends read each
+     * other's offsets: ranks get blocks at the wrong place. */
+    struct weft_step *a = find_step(&sch[0], WEFT_STEP_SEND, 0);
+    struct weft_step *b = find_step(&sch[0], WEFT_STEP_SEND, 1);
+    size_t t = a->off;
+    a->off = b->off;
+    b->off = t;
+    a->src_off = a->off;
+    b->src_off = b->off;
+}
+
+static void rhd_flip_order(struct weft_schedule *sch, int p)
+{
+    /* Each element is computed by one rank and copied: another operand
+     * order there is another expression, but the same on every rank. */
+    nth_reduce(&sch[1], 0)->flags ^= WEFT_STEP_RECV_FIRST;
+}
+
+Test(checker, catches_broken_rhd_schedules)
+{
+    const int ar = WEFT_COLL_ALLREDUCE;
+    expect_caught_algo(PLAN_RHD, ar, 4, 0, 10, 3, rhd_drop_final, "lacks FINAL");
+    expect_caught_algo(PLAN_RHD, ar, 5, 0, 10, 3, rhd_fold_out_early, "unordered");
+    expect_caught_algo(PLAN_RHD, ar, 3, 0, 10, 100, rhd_fold_out_input, "holds ranks 0x2");
+    expect_caught_algo(PLAN_RHD, WEFT_COLL_ALLGATHER, 4, 0, 10, 100, rhd_gather_early,
+                       "unordered");
+    expect_caught_algo(PLAN_RHD, WEFT_COLL_REDUCE_SCATTER, 3, 0, 10, 100, rhd_hand_back_early,
+                       "unordered");
+    expect_caught_algo(PLAN_RHD, WEFT_COLL_REDUCE, 4, 0, 40, 100, rhd_gather_overwrites,
+                       "unordered");
+    expect_caught_algo(PLAN_RHD, WEFT_COLL_BROADCAST, 4, 0, 40, 100, rhd_scatter_reorder,
+                       "position");
+    expect_caught_algo(PLAN_RHD, ar, 4, 0, 10, 3, rhd_flip_order, NULL);
 }
