@@ -130,6 +130,8 @@ static const unsigned serves[WEFT_ALGO_COUNT][WEFT_VAR_COUNT] = {
     [WEFT_ALGO_RING] = {C(ALLREDUCE) | C(REDUCE_SCATTER) | C(ALLGATHER) | C(BROADCAST) | C(REDUCE)},
     [WEFT_ALGO_TREE] = {0, C(BROADCAST)},
     [WEFT_ALGO_RHD] = {C(ALLREDUCE) | C(REDUCE_SCATTER) | C(ALLGATHER) | C(BROADCAST) | C(REDUCE), C(ALLREDUCE)},
+    [WEFT_ALGO_HIER] = {C(ALLREDUCE) | C(REDUCE_SCATTER) | C(ALLGATHER) | C(BROADCAST) | C(REDUCE),
+                        C(ALLREDUCE) | C(REDUCE_SCATTER) | C(ALLGATHER) | C(BROADCAST) | C(REDUCE)},
 };
 #undef C
 
@@ -150,6 +152,7 @@ weft_status_t weft_sched_build(const struct weft_coll_desc *d, struct weft_sched
     case WEFT_ALGO_RING: return weft_ring_build(d, s);
     case WEFT_ALGO_TREE: return weft_tree_build(d, s);
     case WEFT_ALGO_RHD: return weft_rhd_build(d, s);
+    case WEFT_ALGO_HIER: return weft_hier_build(d, s);
     default:
         return weft_error(NULL, WEFT_ERR_INVALID_ARG, "schedule: unknown algorithm %d", d->algo);
     }

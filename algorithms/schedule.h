@@ -144,4 +144,12 @@ weft_status_t weft_tree_build(const struct weft_coll_desc *d, struct weft_schedu
  * any count, 0 included. */
 weft_status_t weft_ring_build(const struct weft_coll_desc *d, struct weft_schedule *s) WEFT_HIDDEN;
 
+/* Hierarchical schedules (algorithms/hier.c): within each node (d->node,
+ * d->nnodes; NULL: one node), among the nodes (variant: ring, or recursive
+ * doubling and binomial trees), within each node again, for allreduce,
+ * reduce_scatter, allgather, broadcast and reduce on any node map.  A node
+ * map entry outside [0, nnodes), or nnodes < 1 with a map, is
+ * WEFT_ERR_INVALID_ARG. */
+weft_status_t weft_hier_build(const struct weft_coll_desc *d, struct weft_schedule *s) WEFT_HIDDEN;
+
 #endif /* WEFT_SCHEDULE_H */

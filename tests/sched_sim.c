@@ -903,7 +903,8 @@ static bool check_outputs(struct sim *sm)
          * (or, folded out, receives it), so the ranks' values must be the
          * same expression tree; the origin is left out of the comparison. */
         if (ok && sm->coll == WEFT_COLL_ALLREDUCE) {
-            bool rd = PLAN_ALGO(sm->algo) == WEFT_ALGO_RHD;
+            bool rd = PLAN_ALGO(sm->algo) == WEFT_ALGO_RHD ||
+                      sm->algo == PLAN(WEFT_ALGO_HIER, WEFT_VAR_HIER_RHD);
             struct runs *cur = &sm->rb;
             cur->n = 0;
             for (size_t k = 0; k < sm->ra.n; k++) {
@@ -934,29 +935,23 @@ static bool check_outputs(struct sim *sm)
                               rd ? "expression" : "reductions", at, a, rank, b);
                 }
             }
-            /* One FINAL reduction per element on a rank that computes the
-             * result, none on one that receives it.  Rabenseifner: each rank
-             * computes a share and receives the rest, so the elements it
-             * reduced with FINAL are exactly those of its result it made. */
-            bool whole = PLAN_VAR(sm->algo) == WEFT_VAR_RHD_DOUBLING;
-            size_t own_elems = 0;
-            for (size_t k = 0; ok && rd && !whole && k < sm->ra.n; k++) {
+            /* One FINAL reduction per element a rank computes the result
+             * of, none for one it receives; a rank computes all of its
+             * result or none with recursive doubling; Rabenseifner and
+             * hier's 2D form compute one share and receive the others. */
+            size_t owned = 0;
+            for (size_t k = 0; rd && k < sm->ra.n; k++) {
                 int64_t o = sm->ra.r[k].v.origin;
                 size_t end = k + 1 < sm->ra.n ? sm->ra.r[k + 1].off : len;
                 if (o >= 0 && (int)(o >> 32) == rank)
-                    own_elems += end - sm->ra.r[k].off;
+                    owned += end - sm->ra.r[k].off;
             }
-            if (ok && rd && !whole && r->final_elems != own_elems)
-                ok = fail(sm, "rank %d: reduced %zu elements with FINAL, and %zu of its result "
-                          "are its own", rank, r->final_elems, own_elems);
-            for (size_t k = 0; ok && rd && whole && k < sm->ra.n; k++) {
-                int64_t o = sm->ra.r[k].v.origin;
-                bool own = o >= 0 && (int)(o >> 32) == rank;
-                if (own ? r->final_elems != len : r->final_elems != 0)
-                    ok = fail(sm, "rank %d: reduced %zu of %zu elements with FINAL, and "
-                              "recv[%zu] was made by %s", rank, r->final_elems, len,
-                              sm->ra.r[k].off, own ? "itself" : "another rank");
-            }
+            bool slices = PLAN_ALGO(sm->algo) == WEFT_ALGO_HIER ||
+                          PLAN_VAR(sm->algo) != WEFT_VAR_RHD_DOUBLING;
+            if (ok && rd &&
+                (r->final_elems != owned || (!slices && owned != 0 && owned != len)))
+                ok = fail(sm, "rank %d: reduced %zu of %zu elements with FINAL, and made %zu "
+                          "of its results itself", rank, r->final_elems, len, owned);
         }
     }
     free(ref.r);

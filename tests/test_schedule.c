@@ -1593,4 +1593,330 @@ Test(checker, catches_broken_rhd_schedules)
     expect_caught_algo(PLAN_RHD, WEFT_COLL_BROADCAST, 4, 0, 40, 100, rhd_scatter_reorder,
                        "position");
     expect_caught_algo(PLAN_RHD, ar, 4, 0, 10, 3, rhd_flip_order, NULL);
+/* ---- hierarchical schedules, checked -------------------------------------------------- */
+
+#define PLAN_HIER_RING PLAN(WEFT_ALGO_HIER, WEFT_VAR_HIER_RING)
+#define PLAN_HIER_RHD PLAN(WEFT_ALGO_HIER, WEFT_VAR_HIER_RHD)
+
+/* A node map: node[r] for p ranks, nnodes ids (some may be unused);
+ * null: the schedules get no map at all (one node). */
+struct layout {
+    int p, nnodes;
+    bool null;
+    int node[MAXP];
+};
+
+static struct layout block_layout(int p, int per_node)
+{
+    struct layout l = { p, (p + per_node - 1) / per_node, false, { 0 } };
+    for (int r = 0; r < p; r++)
+        l.node[r] = r / per_node;
+    return l;
+}
+
+static struct layout interleaved_layout(int p, int k)
+{
+    struct layout l = { p, k, false, { 0 } };
+    for (int r = 0; r < p; r++)
+        l.node[r] = r % k;
+    return l;
+}
+
+/* Nodes of the given sizes, one after the other in rank order. */
+static struct layout sized_layout(const int *sizes, int n)
+{
+    struct layout l = { 0, n, false, { 0 } };
+    for (int j = 0; j < n; j++)
+        for (int k = 0; k < sizes[j]; k++)
+            l.node[l.p++] = j;
+    return l;
+}
+
+static void build_all_nodes(int algo, int coll, const struct layout *l, int root, size_t count,
+                            size_t chunk, struct weft_schedule *sch)
+{
+    for (int rank = 0; rank < l->p; rank++) {
+        struct weft_coll_desc d = { coll, rank, l->p, root, count, chunk, PLAN_ALGO(algo),
+                                    PLAN_VAR(algo), 0, l->null ? NULL : l->node,
+                                    l->null ? 0 : l->nnodes };
+        weft_sched_init(&sch[rank]);
+        weft_status_t st = weft_sched_build(&d, &sch[rank]);
+        cr_assert(st == WEFT_OK, "hier/%d %s p=%d rank=%d root=%d count=%zu chunk=%zu: %s (%s)",
+                  PLAN_VAR(algo), weft_coll_name(coll), l->p, rank, root, count, chunk,
+                  weft_status_string(st), weft_last_error(NULL));
+    }
+}
+
+static void describe(const struct layout *l, char *out, size_t len)
+{
+    size_t at = (size_t)snprintf(out, len, "nodes");
+    for (int r = 0; r < l->p && at < len; r++)
+        at += (size_t)snprintf(out + at, len - at, " %d", l->null ? 0 : l->node[r]);
+}
+
+static void check_sched_nodes(int algo, int coll, const struct layout *l, int root, size_t count,
+                              size_t chunk, int slots)
+{
+    struct weft_schedule sch[MAXP];
+    char err[700], where[300];
+    build_all_nodes(algo, coll, l, root, count, chunk, sch);
+    bool ok = verify(algo, coll, l->p, root, count, sch, slots, err, sizeof(err));
+    free_all(l->p, sch);
+    describe(l, where, sizeof(where));
+    cr_assert(ok, "hier variant %d, %s, chunk %zu: %s", PLAN_VAR(algo), where, chunk, err);
+}
+
+/* Every collective and both variants on one layout: counts 0, 1, p-1,
+ * p+1, a large odd one, and many chunks (of 3 and of 1) to pipeline;
+ * every root while p <= 8. */
+static void hier_matrix(const struct layout *l, int slots)
+{
+    int p = l->p;
+    for (int v = 0; v < 2; v++) {
+        int plan = v ? PLAN_HIER_RHD : PLAN_HIER_RING;
+        for (int coll = 0; coll <= WEFT_COLL_REDUCE; coll++) {
+            bool per_block = coll == WEFT_COLL_ALLGATHER || coll == WEFT_COLL_REDUCE_SCATTER;
+            size_t counts[] = { 0, 1, (size_t)p - 1, (size_t)p + 1,
+                                per_block ? 100003 : 1000003, per_block ? 7 : 5 * (size_t)p + 2,
+                                per_block ? 2 : (size_t)p + 3 };
+            size_t chunks[] = { 1 << 20, 1 << 20, 1 << 20, 1 << 20, per_block ? 1 << 18 : 65536,
+                                3, 1 };
+            int roots[MAXP], nroots = 0;
+            bool rooted = coll == WEFT_COLL_BROADCAST || coll == WEFT_COLL_REDUCE;
+            if (!rooted) {
+                roots[nroots++] = 0;
+            } else if (p <= 8) {
+                for (int r = 0; r < p; r++)
+                    roots[nroots++] = r;
+            } else {
+                int pick[] = { 0, 1, p / 2, p - 1 };
+                for (int k = 0; k < 4; k++)
+                    roots[nroots++] = pick[k];
+            }
+            for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+                for (int r = 0; r < nroots; r++)
+                    check_sched_nodes(plan, coll, l, roots[r], counts[c], chunks[c], slots);
+        }
+    }
+}
+
+Test(hier, block_layouts)
+{
+    for (int per = 2; per <= 4; per++)
+        for (int p = 1; p <= 3 * per + 1; p++) {
+            struct layout l = block_layout(p, per);
+            hier_matrix(&l, engine_slots());
+        }
+}
+
+Test(hier, block_layouts_large_p)
+{
+    /* 31 ranks in 3s: the last node has one. */
+    struct layout ls[] = { block_layout(16, 2), block_layout(31, 3), block_layout(64, 4) };
+    for (size_t i = 0; i < sizeof(ls) / sizeof(ls[0]); i++)
+        hier_matrix(&ls[i], engine_slots());
+}
+
+Test(hier, uneven_layouts)
+{
+    static const int s312[] = { 3, 1, 2 }, s15[] = { 1, 5 }, s51[] = { 5, 1 },
+                     s1231[] = { 1, 2, 3, 1 };
+    struct layout ls[] = {
+        sized_layout(s312, 3), sized_layout(s15, 2), sized_layout(s51, 2),
+        sized_layout(s1231, 4),
+    };
+    for (size_t i = 0; i < sizeof(ls) / sizeof(ls[0]); i++)
+        hier_matrix(&ls[i], engine_slots());
+    /* Not contiguous and uneven: nodes 0: {0, 2, 5, 6}, 1: {1, 4}, 2: {3}. */
+    struct layout mixed = { 7, 3, false, { 0, 1, 0, 2, 1, 0, 0 } };
+    hier_matrix(&mixed, engine_slots());
+    /* Node ids out of rank order, one of them unused. */
+    struct layout ids = { 6, 5, false, { 4, 4, 0, 2, 0, 2 } };
+    hier_matrix(&ids, engine_slots());
+}
+
+Test(hier, one_node_and_one_rank_per_node)
+{
+    for (int p = 1; p <= 9; p++) {
+        struct layout none = { p, 0, true, { 0 } };
+        hier_matrix(&none, engine_slots());
+        struct layout one = { p, 2, false, { 0 } }; /* node 1 is empty */
+        hier_matrix(&one, engine_slots());
+        struct layout each = block_layout(p, 1);
+        hier_matrix(&each, engine_slots());
+        struct layout reversed = { p, p, false, { 0 } };
+        for (int r = 0; r < p; r++)
+            reversed.node[r] = p - 1 - r;
+        hier_matrix(&reversed, engine_slots());
+    }
+}
+
+Test(hier, interleaved_layouts)
+{
+    for (int k = 2; k <= 3; k++)
+        for (int p = k; p <= 4 * k; p += k - 1) {
+            struct layout l = interleaved_layout(p, k);
+            hier_matrix(&l, engine_slots());
+        }
+}
+
+/* One staging slot per rank, unbuffered: a later phase's RECV_REDUCE
+ * must not take the slot an earlier one needs. */
+Test(hier, one_staging_slot)
+{
+    static const int s312[] = { 3, 1, 2 };
+    struct layout ls[] = { block_layout(8, 4), block_layout(7, 3), sized_layout(s312, 3),
+                           interleaved_layout(6, 2) };
+    for (size_t i = 0; i < sizeof(ls) / sizeof(ls[0]); i++)
+        hier_matrix(&ls[i], 1);
+}
+
+/* Elements a rank sends to ranks of other nodes. */
+static size_t sent_off_node(const struct weft_schedule *s, const int *node, int rank)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < s->nsteps; i++)
+        if (s->steps[i].kind == WEFT_STEP_SEND && node[s->steps[i].peer] != node[rank])
+            n += s->steps[i].count;
+    return n;
+}
+
+/* The shapes the design promises: equal nodes take the 2D allreduce (each
+ * rank carries 1/L of the inter-node traffic, where the leader form puts
+ * all of it on the leader); one node is the flat ring; the root's node
+ * needs no hop to its leader. */
+Test(hier, shape)
+{
+    struct weft_schedule s, f;
+    weft_sched_init(&s);
+    weft_sched_init(&f);
+    /* 2 nodes of 4, 64 elements: slices of 16, a ring of 2 over each moves
+     * 16 elements each way. */
+    struct layout l = block_layout(8, 4);
+    for (int rank = 0; rank < 8; rank++) {
+        struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, rank, 8, 0, 64, 1 << 20, WEFT_ALGO_HIER,
+                                    WEFT_VAR_HIER_RING, 0, l.node, l.nnodes };
+        cr_assert(weft_hier_build(&d, &s) == WEFT_OK);
+        cr_assert(sent_off_node(&s, l.node, rank) == 16, "rank %d sends %zu off node", rank,
+                  sent_off_node(&s, l.node, rank));
+    }
+    /* Uneven nodes (3, 1, 2): only leaders cross, with the whole vector. */
+    static const int s312[] = { 3, 1, 2 };
+    l = sized_layout(s312, 3);
+    for (int rank = 0; rank < 6; rank++) {
+        struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, rank, 6, 0, 60, 1 << 20, WEFT_ALGO_HIER,
+                                    WEFT_VAR_HIER_RING, 0, l.node, l.nnodes };
+        cr_assert(weft_hier_build(&d, &s) == WEFT_OK);
+        bool leader = rank == 0 || rank == 3 || rank == 4;
+        size_t off = sent_off_node(&s, l.node, rank);
+        cr_assert(leader ? off == 2 * 60 * 2 / 3 : off == 0, "rank %d sends %zu off node", rank,
+                  off);
+    }
+    /* One node: reduce_scatter and allgather are the flat ring itself. */
+    for (int coll = WEFT_COLL_REDUCE_SCATTER; coll <= WEFT_COLL_ALLGATHER; coll++)
+        for (int rank = 0; rank < 5; rank++) {
+            struct weft_coll_desc d = { coll, rank, 5, 0, 13, 4, WEFT_ALGO_HIER,
+                                        WEFT_VAR_HIER_RING, 0, NULL, 0 };
+            cr_assert(weft_hier_build(&d, &s) == WEFT_OK);
+            d.algo = WEFT_ALGO_RING;
+            cr_assert(weft_ring_build(&d, &f) == WEFT_OK);
+            cr_assert(same_steps(&s, &f), "%s rank %d", weft_coll_name(coll), rank);
+        }
+    /* Broadcast from rank 2 of node {0, 1, 2}: it sends straight to the
+     * other nodes' leaders (3 and 5) and starts its node's chain (2, 0,
+     * 1); 0 and 1 never send off their node. */
+    l = sized_layout(s312, 3);
+    for (int rank = 0; rank < 6; rank++) {
+        struct weft_coll_desc d = { WEFT_COLL_BROADCAST, rank, 6, 2, 10, 1 << 20, WEFT_ALGO_HIER,
+                                    WEFT_VAR_HIER_RHD, 0, l.node, l.nnodes };
+        cr_assert(weft_hier_build(&d, &s) == WEFT_OK);
+        size_t sends = 0;
+        for (size_t i = 0; i < s.nsteps; i++)
+            sends += s.steps[i].kind == WEFT_STEP_SEND;
+        if (rank == 2)
+            cr_assert(sends == 3 && sent_off_node(&s, l.node, rank) == 20, "root: %zu sends",
+                      sends);
+        if (rank == 0 || rank == 1)
+            cr_assert(sent_off_node(&s, l.node, rank) == 0);
+    }
+    weft_sched_free(&s);
+    weft_sched_free(&f);
+}
+
+/* A node map the builder cannot use is refused with a message that names
+ * the problem; nothing is left in the schedule. */
+Test(hier, refusals)
+{
+    struct weft_schedule s;
+    weft_sched_init(&s);
+    int bad_hi[4] = { 0, 0, 2, 1 }, bad_lo[4] = { 0, -1, 1, 1 }, ok[4] = { 0, 0, 1, 1 };
+    struct {
+        const int *node;
+        int nnodes, coll, root;
+        size_t count, chunk;
+        const char *needle;
+    } c[] = {
+        { bad_hi, 2, WEFT_COLL_ALLREDUCE, 0, 8, 2, "node[2] = 2 is outside [0, 2)" },
+        { bad_lo, 2, WEFT_COLL_ALLGATHER, 0, 8, 2, "node[1] = -1 is outside [0, 2)" },
+        { ok, 0, WEFT_COLL_BROADCAST, 0, 8, 2, "nnodes 0" },
+        { ok, -3, WEFT_COLL_REDUCE, 0, 8, 2, "nnodes -3" },
+        { ok, 2, WEFT_COLL_REDUCE, 4, 8, 2, "root 4" },
+        { ok, 2, WEFT_COLL_REDUCE_SCATTER, 0, 8, 0, "chunk" },
+        { ok, 2, WEFT_COLL_ALLGATHER, 0, SIZE_MAX / 2, 2, "overflows" },
+    };
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        struct weft_coll_desc d = { c[i].coll, 1, 4, c[i].root, c[i].count, c[i].chunk,
+                                    WEFT_ALGO_HIER, WEFT_VAR_HIER_RING, 0, c[i].node, c[i].nnodes };
+        s.nsteps = 1;
+        weft_status_t st = weft_sched_build(&d, &s);
+        cr_assert(st == WEFT_ERR_INVALID_ARG, "case %zu: %s", i, weft_status_string(st));
+        cr_assert(strstr(weft_last_error(NULL), c[i].needle), "case %zu: message '%s'", i,
+                  weft_last_error(NULL));
+        cr_assert(s.nsteps == 0, "case %zu", i);
+    }
+    /* Without a map, nnodes is not looked at. */
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 1, 4, 0, 8, 2, WEFT_ALGO_HIER,
+                                WEFT_VAR_HIER_RHD, 0, NULL, -1 };
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.nsteps > 0);
+    d.coll = WEFT_COLL_SEND;
+    cr_assert(weft_sched_build(&d, &s) == WEFT_ERR_UNSUPPORTED);
+    cr_assert(weft_hier_build(&d, &s) == WEFT_ERR_UNSUPPORTED);
+    for (int v = 0; v < 2; v++)
+        for (int coll = 0; coll <= WEFT_COLL_REDUCE; coll++)
+            cr_assert(weft_algo_serves(WEFT_ALGO_HIER, v, coll));
+    cr_assert(weft_hier_build(NULL, &s) == WEFT_ERR_INVALID_ARG);
+    cr_assert(weft_hier_build(&d, NULL) == WEFT_ERR_INVALID_ARG);
+    weft_sched_free(&s);
+}
+
+/* The checker sees what the phase dependencies are for: with a
+ * cross-phase dependency dropped, the intra-node broadcast overwrites
+ * (in place) memory the intra-node reduce still sends. */
+static void hier_drop_cross_dep(struct weft_schedule *sch, int p)
+{
+    (void)p;
+    struct weft_schedule *s = &sch[1]; /* a non-leader: reduce chain, then broadcast chain */
+    for (size_t i = 0; i < s->nsteps; i++)
+        if (s->steps[i].kind == WEFT_STEP_RECV) {
+            for (int k = 0; k < WEFT_STEP_MAX_DEPS; k++)
+                s->steps[i].deps[k] = -1;
+            return;
+        }
+    cr_assert_fail("no RECV on rank 1");
+}
+
+Test(hier, checker_sees_phase_order)
+{
+    /* Uneven nodes (2, 1): allreduce takes the leader form. */
+    struct layout l = { 3, 2, false, { 0, 0, 1 } };
+    struct weft_schedule sch[MAXP];
+    char err[700];
+    build_all_nodes(PLAN_HIER_RING, WEFT_COLL_ALLREDUCE, &l, 0, 6, 2, sch);
+    cr_assert(verify(PLAN_HIER_RING, WEFT_COLL_ALLREDUCE, 3, 0, 6, sch, engine_slots(), err,
+                     sizeof(err)), "%s", err);
+    hier_drop_cross_dep(sch, 3);
+    bool ok = verify(PLAN_HIER_RING, WEFT_COLL_ALLREDUCE, 3, 0, 6, sch, engine_slots(), err,
+                     sizeof(err));
+    free_all(3, sch);
+    cr_assert(!ok && strstr(err, "touch the same memory unordered"), "%s", ok ? "passed" : err);
 }
