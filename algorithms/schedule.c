@@ -128,8 +128,10 @@ int weft_algo_from_name(const char *name, size_t len)
 #define C(x) (1u << WEFT_COLL_##x)
 static const unsigned serves[WEFT_ALGO_COUNT][WEFT_VAR_COUNT] = {
     [WEFT_ALGO_RING] = {C(ALLREDUCE) | C(REDUCE_SCATTER) | C(ALLGATHER) | C(BROADCAST) | C(REDUCE)},
-    [WEFT_ALGO_TREE] = {0, C(BROADCAST)},
+    [WEFT_ALGO_TREE] = {C(ALLREDUCE) | C(BROADCAST) | C(REDUCE), C(BROADCAST) | C(REDUCE)},
     [WEFT_ALGO_RHD] = {C(ALLREDUCE) | C(REDUCE_SCATTER) | C(ALLGATHER) | C(BROADCAST) | C(REDUCE), C(ALLREDUCE)},
+    [WEFT_ALGO_DIRECT] = {C(ALLREDUCE) | C(REDUCE_SCATTER) | C(ALLGATHER) | C(BROADCAST) |
+                          C(REDUCE)},
     [WEFT_ALGO_HIER] = {C(ALLREDUCE) | C(REDUCE_SCATTER) | C(ALLGATHER) | C(BROADCAST) | C(REDUCE),
                         C(ALLREDUCE) | C(REDUCE_SCATTER) | C(ALLGATHER) | C(BROADCAST) | C(REDUCE)},
 };
@@ -152,6 +154,7 @@ weft_status_t weft_sched_build(const struct weft_coll_desc *d, struct weft_sched
     case WEFT_ALGO_RING: return weft_ring_build(d, s);
     case WEFT_ALGO_TREE: return weft_tree_build(d, s);
     case WEFT_ALGO_RHD: return weft_rhd_build(d, s);
+    case WEFT_ALGO_DIRECT: return weft_direct_build(d, s);
     case WEFT_ALGO_HIER: return weft_hier_build(d, s);
     default:
         return weft_error(NULL, WEFT_ERR_INVALID_ARG, "schedule: unknown algorithm %d", d->algo);

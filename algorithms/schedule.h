@@ -131,10 +131,21 @@ weft_status_t weft_rd_build(const struct weft_coll_desc *d, struct weft_schedule
  * WEFT_VAR_RHD_DOUBLING: weft_rd_build (allreduce only). */
 weft_status_t weft_rhd_build(const struct weft_coll_desc *d, struct weft_schedule *s) WEFT_HIDDEN;
 
-/* Binomial tree broadcast (algorithms/tree.c), pipelined in chunks: each
- * chunk reaches every rank in ceil(log2 p) hops.  Other collectives:
- * WEFT_ERR_UNSUPPORTED. */
+/* Tree schedules (algorithms/tree.c), pipelined in chunks, any nranks >= 1
+ * and any count.  WEFT_VAR_TREE_DOUBLE: allreduce, reduce and broadcast
+ * over two complementary binary trees, half of the vector each:
+ * ceil(log2(p + 1)) levels for allreduce; for reduce and broadcast the
+ * root sits above two trees over the other ranks, ceil(log2 p) + 1.
+ * WEFT_VAR_TREE_BINOMIAL: broadcast and reduce over a binomial tree,
+ * ceil(log2 p) hops.  Other collectives: WEFT_ERR_UNSUPPORTED. */
 weft_status_t weft_tree_build(const struct weft_coll_desc *d, struct weft_schedule *s) WEFT_HIDDEN;
+
+/* Every pair at once (algorithms/direct.c), for small rank counts:
+ * allreduce (direct reduce-scatter then direct allgather), reduce_scatter,
+ * allgather, broadcast (the root sends to each rank) and reduce (each rank
+ * sends to the root).  Any nranks >= 1 and any count. */
+weft_status_t weft_direct_build(const struct weft_coll_desc *d,
+                                struct weft_schedule *s) WEFT_HIDDEN;
 
 /* Ring algorithm (algorithms/ring.c): allreduce as reduce-scatter then
  * allgather, reduce_scatter, allgather, and pipelined chains for broadcast

@@ -1449,6 +1449,237 @@ Test(rhd, step_structure)
 
 Test(rhd, bad_descriptions)
 {
+/* ---- the double binary tree and direct schedules, checked --------------------------- */
+
+#define PLAN_DBT PLAN(WEFT_ALGO_TREE, WEFT_VAR_TREE_DOUBLE)
+#define PLAN_DIRECT PLAN(WEFT_ALGO_DIRECT, 0)
+
+/* Ranks pmin..pmax (then 31 and 64 when with_big); counts 0, 1, p-1, p+1,
+ * a large odd one in large chunks, and many chunks of 3 and of 1
+ * (pipelining); every root up to 16 ranks, 0, 1, p/2 and p-1 above, where
+ * the last three counts take two of those roots each in turn.  The
+ * per-block collectives, the direct rooted ones (whose root has a step per
+ * rank and chunk) and, in chunks of 1, rank counts above 17 get smaller
+ * many-chunk counts: the race check is quadratic in steps per rank. */
+static void plan_matrix(int plan, int coll, int pmin, int pmax, bool with_big, int slots)
+{
+    int ps[SMALLP], np = rank_counts(pmin, pmax, with_big, ps);
+    bool per_block = coll == WEFT_COLL_ALLGATHER || coll == WEFT_COLL_REDUCE_SCATTER;
+    bool rooted = coll == WEFT_COLL_BROADCAST || coll == WEFT_COLL_REDUCE;
+    bool star = rooted && PLAN_ALGO(plan) == WEFT_ALGO_DIRECT;
+    for (int i = 0; i < np; i++) {
+        int p = ps[i];
+        size_t up = (size_t)p;
+        size_t many = per_block ? 17 : star ? 3 * up + 7 : 10 * up + 7;
+        size_t single = per_block ? 5 : star ? up + 1 : p > 17 ? 2 * up + 7 : 10 * up + 7;
+        size_t counts[] = { 0, 1, up - 1, up + 1, 1000003, many, single };
+        size_t chunks[] = { 1 << 20, 1 << 20, 1 << 20, 1 << 20, per_block ? 1 << 18 : 65536, 3,
+                            1 };
+        int pick[] = { 0, 1, p / 2, p - 1 };
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+            if (!rooted) {
+                check_sched(plan, coll, p, 0, counts[c], chunks[c], slots);
+            } else if (p <= 16) {
+                for (int r = 0; r < p; r++)
+                    check_sched(plan, coll, p, r, counts[c], chunks[c], slots);
+            } else {
+                for (size_t k = 0; k < 4; k++)
+                    if (c < 4 || k == c % 4 || k == (c + 2) % 4)
+                        check_sched(plan, coll, p, pick[k], counts[c], chunks[c], slots);
+            }
+        }
+    }
+}
+
+Test(dbt, allreduce) { plan_matrix(PLAN_DBT, WEFT_COLL_ALLREDUCE, 1, 17, true, engine_slots()); }
+Test(dbt, reduce) { plan_matrix(PLAN_DBT, WEFT_COLL_REDUCE, 1, 17, true, engine_slots()); }
+Test(dbt, broadcast) { plan_matrix(PLAN_DBT, WEFT_COLL_BROADCAST, 1, 17, true, engine_slots()); }
+
+/* One staging slot: a receive-reduce holds it until its data is folded;
+ * no rank may end up waiting for one that only a later step frees. */
+Test(dbt, one_staging_slot)
+{
+    plan_matrix(PLAN_DBT, WEFT_COLL_ALLREDUCE, 1, 9, false, 1);
+    plan_matrix(PLAN_DBT, WEFT_COLL_REDUCE, 1, 9, false, 1);
+    plan_matrix(PLAN_BINOMIAL, WEFT_COLL_REDUCE, 1, 9, false, 1);
+}
+
+Test(tree, binomial_reduce)
+{
+    plan_matrix(PLAN_BINOMIAL, WEFT_COLL_REDUCE, 1, 17, true, engine_slots());
+}
+
+/* One rank's place in one tree, read off its allreduce (rooted: reduce)
+ * schedule of 2 elements, one per tree: the children are the peers of the
+ * receive-reduces of that element, the parent the peer of its receive
+ * (rooted: its send). */
+struct tree_place {
+    int parent, nkids, finals;
+};
+
+/* The vector element step i of s works on: a step on scratch is traced
+ * back through its deps to the fold that read sendbuf or recvbuf. */
+static size_t elem_of(const struct weft_schedule *s, size_t i)
+{
+    const struct weft_step *st = &s->steps[i];
+    while (st->kind == WEFT_STEP_RECV_REDUCE ? st->src_buf == WEFT_BUF_SCRATCH
+                                             : st->buf == WEFT_BUF_SCRATCH) {
+        cr_assert(st->deps[0] >= 0);
+        st = &s->steps[st->deps[0]];
+    }
+    return st->kind == WEFT_STEP_RECV_REDUCE ? st->src_off : st->off;
+}
+
+static struct tree_place place_of(const struct weft_schedule *s, size_t elem, bool rooted)
+{
+    struct tree_place pl = { -1, 0, 0 };
+    for (size_t i = 0; i < s->nsteps; i++) {
+        const struct weft_step *st = &s->steps[i];
+        if (st->kind == WEFT_STEP_COPY || elem_of(s, i) != elem)
+            continue;
+        if (st->kind == WEFT_STEP_RECV_REDUCE) {
+            pl.nkids++;
+            pl.finals += (st->flags & WEFT_STEP_FINAL) != 0;
+        } else if (st->kind == (rooted ? WEFT_STEP_SEND : WEFT_STEP_RECV)) {
+            cr_assert(pl.parent < 0, "two parents");
+            pl.parent = st->peer;
+        }
+    }
+    return pl;
+}
+
+/* The two trees are complementary: no rank forwards in both (so each
+ * forwards half the data at most), a rank has two children at most, the
+ * two allreduce roots differ, and the depth is ceil(log2(p + 1)) levels
+ * (rooted: the root above both trees, over the other p - 1 ranks). */
+Test(dbt, complementary_trees)
+{
+    enum { PMAX = 130 };
+    static struct weft_schedule sch[PMAX];
+    for (int rooted = 0; rooted < 2; rooted++) {
+        for (int p = 1; p <= PMAX; p++) {
+            int root = rooted ? p / 3 : 0, n = rooted ? p - 1 : p;
+            int coll = rooted ? WEFT_COLL_REDUCE : WEFT_COLL_ALLREDUCE;
+            struct tree_place pl[2][PMAX];
+            for (int r = 0; r < p; r++) {
+                struct weft_coll_desc d = { coll, r, p, root, 2, 64, WEFT_ALGO_TREE,
+                                            WEFT_VAR_TREE_DOUBLE, 0, NULL, 0 };
+                weft_sched_init(&sch[r]);
+                cr_assert(weft_tree_build(&d, &sch[r]) == WEFT_OK);
+                for (int t = 0; t < 2; t++)
+                    pl[t][r] = place_of(&sch[r], (size_t)t, rooted);
+            }
+            int levels = 0; /* ceil(log2(n + 1)) */
+            while ((1 << levels) < n + 1)
+                levels++;
+            int tree_root[2] = { -1, -1 };
+            for (int t = 0; t < 2; t++) {
+                int finals = 0;
+                for (int r = 0; r < p; r++) {
+                    cr_assert(pl[t][r].nkids <= 2, "p=%d tree %d rank %d: %d children", p, t, r,
+                              pl[t][r].nkids);
+                    finals += pl[t][r].finals;
+                    if (pl[t][r].parent < 0)
+                        tree_root[t] = r;
+                    if (rooted && r == root)
+                        cr_assert(pl[t][r].nkids == (p > 1) && pl[t][r].parent < 0);
+                    else if (r != tree_root[t] || rooted)
+                        cr_assert(pl[t][r].parent >= 0, "p=%d tree %d rank %d has no parent", p,
+                                  t, r);
+                    /* the depth of r: hops up to the root */
+                    int depth = 0;
+                    for (int q = r; pl[t][q].parent >= 0; q = pl[t][q].parent)
+                        cr_assert(++depth <= p, "p=%d tree %d: a cycle", p, t);
+                    cr_assert(depth <= levels - 1 + rooted, "p=%d tree %d rank %d: depth %d", p,
+                              t, r, depth);
+                }
+                cr_assert(finals == (p > 1), "p=%d tree %d: %d FINAL folds", p, t, finals);
+                cr_assert(rooted ? tree_root[t] == root : tree_root[t] >= 0);
+            }
+            for (int r = 0; r < p; r++)
+                if (!(rooted && r == root))
+                    cr_assert(pl[0][r].nkids == 0 || pl[1][r].nkids == 0,
+                              "p=%d rooted=%d: rank %d forwards in both trees", p, rooted, r);
+            if (!rooted && p > 1)
+                cr_assert(tree_root[0] != tree_root[1], "p=%d: one root for both trees", p);
+            /* Some rank is as deep as the bound: the trees are not chains
+             * cut short, nor deeper than they need. */
+            if (n >= 1) {
+                int deepest = 0;
+                for (int r = 0; r < p; r++) {
+                    int depth = 0;
+                    for (int q = r; pl[0][q].parent >= 0; q = pl[0][q].parent)
+                        depth++;
+                    deepest = depth > deepest ? depth : deepest;
+                }
+                cr_assert(deepest == levels - 1 + rooted, "p=%d rooted=%d: depth %d, want %d", p,
+                          rooted, deepest, levels - 1 + rooted);
+            }
+            free_all(p, sch);
+        }
+    }
+}
+
+/* Pipelining: chunk c of the broadcast waits for chunk c of the reduce
+ * only, so the two phases overlap.  p=3, 12 elements in chunks of 2: tree
+ * 0 carries 6 (3 chunks), rooted at rank 1 (key 2), which has children 0
+ * and 2 and, in tree 1, is a leaf below rank 2. */
+Test(dbt, step_structure)
+{
+    struct weft_schedule s;
+    weft_sched_init(&s);
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 1, 3, 0, 12, 2, WEFT_ALGO_TREE,
+                                WEFT_VAR_TREE_DOUBLE, 0, NULL, 0 };
+    cr_assert(weft_tree_build(&d, &s) == WEFT_OK);
+    cr_assert(s.scratch_count == 0);
+    int finals = 0;
+    size_t downs = 0;
+    for (size_t i = 0; i < s.nsteps; i++) {
+        const struct weft_step *st = &s.steps[i];
+        cr_assert(st->count == 2, "step %zu: %zu elements", i, st->count);
+        if (st->off < 6) { /* tree 0: the root */
+            cr_assert(st->kind == WEFT_STEP_RECV_REDUCE || st->kind == WEFT_STEP_SEND);
+            if (st->kind == WEFT_STEP_RECV_REDUCE && (st->flags & WEFT_STEP_FINAL)) {
+                finals++;
+                cr_assert(st->peer == 2 && st->deps[0] == (int32_t)i - 1 &&
+                          s.steps[i - 1].peer == 0 && s.steps[i - 1].off == st->off);
+            }
+            if (st->kind == WEFT_STEP_SEND) {
+                const struct weft_step *fin = &s.steps[st->deps[0]];
+                cr_assert(st->buf == WEFT_BUF_RECV && (fin->flags & WEFT_STEP_FINAL) &&
+                          fin->off == st->off, "step %zu: a send down before its reduction", i);
+                downs++;
+            }
+        } else { /* tree 1: a leaf below rank 2 */
+            cr_assert(st->peer == 2 && st->kind != WEFT_STEP_RECV_REDUCE);
+            if (st->kind == WEFT_STEP_RECV) {
+                const struct weft_step *up = &s.steps[st->deps[0]];
+                cr_assert(up->kind == WEFT_STEP_SEND && up->off == st->off &&
+                          up->buf == WEFT_BUF_SEND);
+            }
+        }
+    }
+    cr_assert(finals == 3 && downs == 6, "%d FINAL, %zu sends down", finals, downs);
+    /* Reduce: forwarding ranks fold in scratch, the half they forward. */
+    d = (struct weft_coll_desc){ WEFT_COLL_REDUCE, 0, 8, 0, 11, 4, WEFT_ALGO_TREE,
+                                 WEFT_VAR_TREE_DOUBLE, 0, NULL, 0 };
+    size_t forwarded = 0;
+    for (int r = 0; r < 8; r++) {
+        d.rank = r;
+        cr_assert(weft_tree_build(&d, &s) == WEFT_OK);
+        cr_assert(s.scratch_count == 0 || s.scratch_count == 6 || s.scratch_count == 5,
+                  "rank %d: scratch %zu", r, s.scratch_count);
+        cr_assert(r != 0 || s.scratch_count == 0);
+        forwarded += s.scratch_count;
+    }
+    cr_assert(forwarded == 3 * 6 + 3 * 5, "%zu", forwarded);
+    weft_sched_free(&s);
+}
+
+Test(dbt, refusals)
+{
+    struct weft_schedule s;
+    weft_sched_init(&s);
     struct {
         struct weft_coll_desc d;
         weft_status_t want;
@@ -1603,7 +1834,7 @@ Test(checker, catches_broken_rhd_schedules)
 struct layout {
     int p, nnodes;
     bool null;
-    int node[MAXP];
+    int node[SMALLP];
 };
 
 static struct layout block_layout(int p, int per_node)
@@ -1657,7 +1888,7 @@ static void describe(const struct layout *l, char *out, size_t len)
 static void check_sched_nodes(int algo, int coll, const struct layout *l, int root, size_t count,
                               size_t chunk, int slots)
 {
-    struct weft_schedule sch[MAXP];
+    struct weft_schedule sch[SMALLP];
     char err[700], where[300];
     build_all_nodes(algo, coll, l, root, count, chunk, sch);
     bool ok = verify(algo, coll, l->p, root, count, sch, slots, err, sizeof(err));
@@ -1681,7 +1912,7 @@ static void hier_matrix(const struct layout *l, int slots)
                                 per_block ? 2 : (size_t)p + 3 };
             size_t chunks[] = { 1 << 20, 1 << 20, 1 << 20, 1 << 20, per_block ? 1 << 18 : 65536,
                                 3, 1 };
-            int roots[MAXP], nroots = 0;
+            int roots[SMALLP], nroots = 0;
             bool rooted = coll == WEFT_COLL_BROADCAST || coll == WEFT_COLL_REDUCE;
             if (!rooted) {
                 roots[nroots++] = 0;
@@ -1909,7 +2140,7 @@ Test(hier, checker_sees_phase_order)
 {
     /* Uneven nodes (2, 1): allreduce takes the leader form. */
     struct layout l = { 3, 2, false, { 0, 0, 1 } };
-    struct weft_schedule sch[MAXP];
+    struct weft_schedule sch[SMALLP];
     char err[700];
     build_all_nodes(PLAN_HIER_RING, WEFT_COLL_ALLREDUCE, &l, 0, 6, 2, sch);
     cr_assert(verify(PLAN_HIER_RING, WEFT_COLL_ALLREDUCE, 3, 0, 6, sch, engine_slots(), err,
@@ -1919,4 +2150,242 @@ Test(hier, checker_sees_phase_order)
                      sizeof(err));
     free_all(3, sch);
     cr_assert(!ok && strstr(err, "touch the same memory unordered"), "%s", ok ? "passed" : err);
+#define TREE_DESC(coll, rank, p, root, chunk, var)                                            \
+    { coll, rank, p, root, 10, chunk, WEFT_ALGO_TREE, var, 0, NULL, 0 }
+        { TREE_DESC(WEFT_COLL_REDUCE_SCATTER, 0, 4, 0, 4, 0), WEFT_ERR_UNSUPPORTED,
+          "no reduce_scatter" },
+        { TREE_DESC(WEFT_COLL_ALLGATHER, 0, 4, 0, 4, 0), WEFT_ERR_UNSUPPORTED, "no allgather" },
+        { TREE_DESC(WEFT_COLL_SEND, 0, 4, 0, 4, 0), WEFT_ERR_UNSUPPORTED, "no send" },
+        { TREE_DESC(WEFT_COLL_ALLREDUCE, 0, 4, 0, 4, 1), WEFT_ERR_UNSUPPORTED,
+          "(variant 1): no allreduce" },
+        { TREE_DESC(WEFT_COLL_REDUCE_SCATTER, 0, 4, 0, 4, 1), WEFT_ERR_UNSUPPORTED,
+          "no reduce_scatter" },
+        { TREE_DESC(WEFT_COLL_REDUCE, 0, 4, 0, 4, 2), WEFT_ERR_UNSUPPORTED, "variant 2" },
+        { TREE_DESC(WEFT_COLL_REDUCE, 0, 4, 0, 4, -1), WEFT_ERR_UNSUPPORTED, "variant -1" },
+        { TREE_DESC(99, 0, 4, 0, 4, 0), WEFT_ERR_UNSUPPORTED, "no unknown" },
+        { TREE_DESC(WEFT_COLL_REDUCE, 0, 4, 4, 4, 0), WEFT_ERR_INVALID_ARG, "root 4" },
+        { TREE_DESC(WEFT_COLL_BROADCAST, 0, 4, -1, 4, 0), WEFT_ERR_INVALID_ARG, "root -1" },
+        { TREE_DESC(WEFT_COLL_REDUCE, 0, 4, 5, 4, 1), WEFT_ERR_INVALID_ARG, "root 5" },
+        { TREE_DESC(WEFT_COLL_ALLREDUCE, 4, 4, 0, 4, 0), WEFT_ERR_INVALID_ARG, "rank 4 of 4" },
+        { TREE_DESC(WEFT_COLL_ALLREDUCE, 0, 0, 0, 4, 0), WEFT_ERR_INVALID_ARG, "rank 0 of 0" },
+        { TREE_DESC(WEFT_COLL_ALLREDUCE, 0, 4, 0, 0, 0), WEFT_ERR_INVALID_ARG, "chunk" },
+        { TREE_DESC(WEFT_COLL_REDUCE, 0, 4, 0, 0, 1), WEFT_ERR_INVALID_ARG, "chunk" },
+#undef TREE_DESC
+    };
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        weft_status_t st = weft_tree_build(&c[i].d, &s);
+        cr_assert(st == c[i].want, "case %zu: %s", i, weft_status_string(st));
+        cr_assert(strstr(weft_last_error(NULL), c[i].needle), "case %zu: message '%s'", i,
+                  weft_last_error(NULL));
+        cr_assert(s.nsteps == 0);
+        cr_assert(weft_sched_build(&c[i].d, &s) == c[i].want, "case %zu via sched_build", i);
+    }
+    /* Allreduce has no root: any value is fine. */
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 4, 77, 10, 4, WEFT_ALGO_TREE,
+                                WEFT_VAR_TREE_DOUBLE, 0, NULL, 0 };
+    cr_assert(weft_tree_build(&d, &s) == WEFT_OK && s.nsteps > 0);
+    cr_assert(weft_tree_build(NULL, &s) == WEFT_ERR_INVALID_ARG);
+    cr_assert(weft_tree_build(&d, NULL) == WEFT_ERR_INVALID_ARG);
+    /* What each variant serves. */
+    cr_assert(weft_algo_serves(WEFT_ALGO_TREE, WEFT_VAR_TREE_DOUBLE, WEFT_COLL_ALLREDUCE));
+    cr_assert(weft_algo_serves(WEFT_ALGO_TREE, WEFT_VAR_TREE_DOUBLE, WEFT_COLL_REDUCE));
+    cr_assert(weft_algo_serves(WEFT_ALGO_TREE, WEFT_VAR_TREE_DOUBLE, WEFT_COLL_BROADCAST));
+    cr_assert(!weft_algo_serves(WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL, WEFT_COLL_ALLREDUCE));
+    cr_assert(weft_algo_serves(WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL, WEFT_COLL_REDUCE));
+    weft_sched_free(&s);
+}
+
+/* ---- broken double tree schedules ---- */
+
+/* The rank whose schedule holds a FINAL fold of element elem. */
+static int final_rank(struct weft_schedule *sch, int p, size_t elem)
+{
+    for (int r = 0; r < p; r++)
+        for (size_t i = 0; i < sch[r].nsteps; i++)
+            if ((sch[r].steps[i].flags & WEFT_STEP_FINAL) && sch[r].steps[i].off <= elem &&
+                elem < sch[r].steps[i].off + sch[r].steps[i].count)
+                return r;
+    cr_assert_fail("no FINAL for element %zu", elem);
+    return -1;
+}
+
+static void dbt_drop_final(struct weft_schedule *sch, int p)
+{
+    /* Tree 1's root folds the last child in without FINAL. */
+    struct weft_schedule *s = &sch[final_rank(sch, p, 9)];
+    for (size_t i = 0; i < s->nsteps; i++)
+        if (s->steps[i].off >= 5)
+            s->steps[i].flags &= (uint8_t)~WEFT_STEP_FINAL;
+}
+
+static void dbt_recv_down_early(struct weft_schedule *sch, int p)
+{
+    /* Rank 0 (a leaf of tree 0) takes the result into memory its send up
+     * may still be reading, in place. */
+    struct weft_step *st = find_step(&sch[0], WEFT_STEP_RECV, 0);
+    cr_assert(st->deps[0] >= 0);
+    st->deps[0] = -1;
+}
+
+static void dbt_send_up_early(struct weft_schedule *sch, int p)
+{
+    /* Rank 1 (interior in tree 0) passes its partial sum up before the
+     * second child's data is folded in. */
+    for (size_t i = 0; i < sch[1].nsteps; i++) {
+        struct weft_step *st = &sch[1].steps[i];
+        if (st->kind == WEFT_STEP_SEND && st->deps[0] >= 0 &&
+            sch[1].steps[st->deps[0]].kind == WEFT_STEP_RECV_REDUCE) {
+            st->deps[0] = sch[1].steps[st->deps[0]].deps[0];
+            return;
+        }
+    }
+    cr_assert_fail("rank 1 forwards nothing");
+}
+
+static void dbt_swap_halves(struct weft_schedule *sch, int p)
+{
+    /* p=6: rank 1 (key 5 of tree 1, a leaf) sends its part of tree 1
+     * from tree 0's half. */
+    for (size_t i = 0; i < sch[1].nsteps; i++) {
+        struct weft_step *st = &sch[1].steps[i];
+        if (st->kind == WEFT_STEP_SEND && st->buf == WEFT_BUF_SEND && st->off >= 5) {
+            st->off -= 5;
+            return;
+        }
+    }
+    cr_assert_fail("rank 1 sends nothing of tree 1");
+}
+
+static void dbt_root_order(struct weft_schedule *sch, int p)
+{
+    /* Reduce, p=2, root 1: the root takes tree 1's chunk before tree 0's
+     * from rank 0, which sends them the other way round. */
+    struct weft_schedule *s = &sch[1];
+    cr_assert(s->nsteps >= 2 && s->steps[0].peer == s->steps[1].peer);
+    struct weft_step t = s->steps[0];
+    s->steps[0] = s->steps[1];
+    s->steps[1] = t;
+}
+
+Test(checker, catches_broken_dbt_schedules)
+{
+    const int dbt = PLAN_DBT, ar = WEFT_COLL_ALLREDUCE;
+    expect_caught_algo(dbt, ar, 5, 0, 10, 2, dbt_drop_final, "lacks FINAL");
+    expect_caught_algo(dbt, ar, 5, 0, 10, 2, dbt_recv_down_early, "unordered");
+    expect_caught_algo(dbt, ar, 7, 0, 10, 2, dbt_send_up_early, "unordered");
+    expect_caught_algo(dbt, ar, 6, 0, 10, 100, dbt_swap_halves, "combines input positions");
+    expect_caught_algo(dbt, WEFT_COLL_REDUCE, 2, 1, 10, 100, dbt_root_order, "position");
+}
+
+/* ---- direct, checked ------------------------------------------------------------ */
+
+Test(direct, allreduce)
+{
+    plan_matrix(PLAN_DIRECT, WEFT_COLL_ALLREDUCE, 1, 17, true, engine_slots());
+}
+Test(direct, reduce_scatter)
+{
+    plan_matrix(PLAN_DIRECT, WEFT_COLL_REDUCE_SCATTER, 1, 17, true, engine_slots());
+}
+Test(direct, allgather)
+{
+    plan_matrix(PLAN_DIRECT, WEFT_COLL_ALLGATHER, 1, 17, true, engine_slots());
+}
+Test(direct, broadcast)
+{
+    plan_matrix(PLAN_DIRECT, WEFT_COLL_BROADCAST, 1, 17, true, engine_slots());
+}
+Test(direct, reduce) { plan_matrix(PLAN_DIRECT, WEFT_COLL_REDUCE, 1, 17, true, engine_slots()); }
+
+Test(direct, one_staging_slot)
+{
+    int colls[] = { WEFT_COLL_ALLREDUCE, WEFT_COLL_REDUCE_SCATTER, WEFT_COLL_REDUCE };
+    for (size_t c = 0; c < sizeof(colls) / sizeof(colls[0]); c++)
+        plan_matrix(PLAN_DIRECT, colls[c], 1, 9, false, 1);
+}
+
+/* Rank r sends to r+1, r+2, ... and folds what r-1, r-2, ... send, FINAL
+ * on the last fold; the allgather half waits for that fold. */
+Test(direct, step_structure)
+{
+    struct weft_schedule s;
+    weft_sched_init(&s);
+    /* p=4, 8 elements (2 per block), one chunk: rank 1. */
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 1, 4, 0, 8, 100, WEFT_ALGO_DIRECT, 0, 0,
+                                NULL, 0 };
+    cr_assert(weft_direct_build(&d, &s) == WEFT_OK);
+    cr_assert(s.nsteps == 12 && s.scratch_count == 0, "%zu steps", s.nsteps);
+    int kinds[] = { WEFT_STEP_SEND, WEFT_STEP_SEND, WEFT_STEP_SEND,
+                    WEFT_STEP_RECV_REDUCE, WEFT_STEP_RECV_REDUCE, WEFT_STEP_RECV_REDUCE,
+                    WEFT_STEP_SEND, WEFT_STEP_SEND, WEFT_STEP_SEND,
+                    WEFT_STEP_RECV, WEFT_STEP_RECV, WEFT_STEP_RECV };
+    int peers[] = { 2, 3, 0, 0, 3, 2, 2, 3, 0, 0, 3, 2 };
+    size_t offs[] = { 4, 6, 0, 2, 2, 2, 2, 2, 2, 0, 6, 4 };
+    for (size_t i = 0; i < 12; i++) {
+        const struct weft_step *st = &s.steps[i];
+        cr_assert(st->kind == kinds[i] && st->peer == peers[i] && st->off == offs[i] &&
+                      st->count == 2,
+                  "step %zu: kind %d peer %d off %zu", i, st->kind, st->peer, st->off);
+        cr_assert((st->flags == WEFT_STEP_FINAL) == (i == 5), "step %zu flags %d", i, st->flags);
+    }
+    cr_assert(s.steps[6].deps[0] == 5 && s.steps[9].deps[0] == 2 && s.steps[11].deps[0] == 0);
+    /* Broadcast: the root sends each chunk to every rank; reduce: folds. */
+    d = (struct weft_coll_desc){ WEFT_COLL_BROADCAST, 2, 5, 2, 10, 4, WEFT_ALGO_DIRECT, 0, 0,
+                                 NULL, 0 };
+    cr_assert(weft_direct_build(&d, &s) == WEFT_OK && s.nsteps == 3 * 4 + 1);
+    cr_assert(s.steps[0].peer == 3 && s.steps[3].peer == 1 && s.steps[12].kind == WEFT_STEP_COPY);
+    d.coll = WEFT_COLL_REDUCE;
+    cr_assert(weft_direct_build(&d, &s) == WEFT_OK && s.nsteps == 3 * 4);
+    cr_assert(count_flag(&s, WEFT_STEP_FINAL) == 3 && s.steps[0].peer == 1 &&
+              s.steps[3].peer == 3 && (s.steps[3].flags & WEFT_STEP_FINAL));
+    d.rank = 4;
+    cr_assert(weft_direct_build(&d, &s) == WEFT_OK && s.nsteps == 3 && s.steps[2].peer == 2);
+    weft_sched_free(&s);
+}
+
+Test(direct, refusals)
+{
+    struct weft_schedule s;
+    weft_sched_init(&s);
+    struct {
+        struct weft_coll_desc d;
+        weft_status_t want;
+        const char *needle;
+    } c[] = {
+#define DIRECT_DESC(coll, rank, p, root, count, chunk, var)                                   \
+    { coll, rank, p, root, count, chunk, WEFT_ALGO_DIRECT, var, 0, NULL, 0 }
+        { DIRECT_DESC(WEFT_COLL_SEND, 0, 4, 0, 4, 1, 0), WEFT_ERR_UNSUPPORTED, "no send" },
+        { DIRECT_DESC(WEFT_COLL_RECV, 0, 4, 0, 4, 1, 0), WEFT_ERR_UNSUPPORTED, "no recv" },
+        { DIRECT_DESC(WEFT_COLL_ALLREDUCE, 0, 4, 0, 4, 1, 1), WEFT_ERR_UNSUPPORTED,
+          "(variant 1): no allreduce" },
+        { DIRECT_DESC(-1, 0, 4, 0, 4, 1, 0), WEFT_ERR_UNSUPPORTED, "no unknown" },
+        { DIRECT_DESC(WEFT_COLL_ALLREDUCE, 0, 0, 0, 4, 1, 0), WEFT_ERR_INVALID_ARG, "nranks 0" },
+        { DIRECT_DESC(WEFT_COLL_ALLREDUCE, -1, 4, 0, 4, 1, 0), WEFT_ERR_INVALID_ARG, "rank -1" },
+        { DIRECT_DESC(WEFT_COLL_BROADCAST, 0, 4, 4, 4, 1, 0), WEFT_ERR_INVALID_ARG, "root 4" },
+        { DIRECT_DESC(WEFT_COLL_REDUCE, 0, 4, -1, 4, 1, 0), WEFT_ERR_INVALID_ARG, "root -1" },
+        { DIRECT_DESC(WEFT_COLL_ALLGATHER, 0, 4, 0, 4, 0, 0), WEFT_ERR_INVALID_ARG, "chunk" },
+        { DIRECT_DESC(WEFT_COLL_ALLGATHER, 0, 4, 0, SIZE_MAX / 2, 1, 0), WEFT_ERR_INVALID_ARG,
+          "overflows" },
+        { DIRECT_DESC(WEFT_COLL_REDUCE_SCATTER, 0, 3, 0, SIZE_MAX / 2, 1, 0),
+          WEFT_ERR_INVALID_ARG, "overflows" },
+#undef DIRECT_DESC
+    };
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+        weft_status_t st = weft_direct_build(&c[i].d, &s);
+        cr_assert(st == c[i].want, "case %zu: %s", i, weft_status_string(st));
+        cr_assert(strstr(weft_last_error(NULL), c[i].needle), "case %zu: message '%s'", i,
+                  weft_last_error(NULL));
+        cr_assert(s.nsteps == 0);
+        cr_assert(weft_sched_build(&c[i].d, &s) == c[i].want, "case %zu via sched_build", i);
+    }
+    cr_assert(weft_direct_build(NULL, &s) == WEFT_ERR_INVALID_ARG);
+    /* The dispatcher runs direct. */
+    struct weft_schedule a;
+    weft_sched_init(&a);
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 3, 6, 0, 100, 7, WEFT_ALGO_DIRECT, 0, 0,
+                                NULL, 0 };
+    cr_assert(weft_sched_build(&d, &a) == WEFT_OK && weft_direct_build(&d, &s) == WEFT_OK);
+    cr_assert(a.nsteps > 0 && same_steps(&a, &s));
+    weft_sched_free(&a);
+    weft_sched_free(&s);
 }
