@@ -1268,6 +1268,44 @@ Test(ordered, left_fold_shape)
 /* Allgather and broadcast combine nothing: ordered builds the same steps.
  * The reducing collectives get the chain, not the ring. */
 Test(ordered, only_reductions_change)
+{
+    struct weft_schedule a, b;
+    weft_sched_init(&a);
+    weft_sched_init(&b);
+    for (int coll = 0; coll <= WEFT_COLL_REDUCE; coll++) {
+        for (int rank = 0; rank < 5; rank++) {
+            struct weft_coll_desc d = { coll, rank, 5, 2, 37, 4, WEFT_ALGO_RING, 0, 0, NULL, 0 };
+            cr_assert(weft_sched_build(&d, &a) == WEFT_OK);
+            d.ordered = 1;
+            cr_assert(weft_sched_build(&d, &b) == WEFT_OK);
+            bool reduces = coll == WEFT_COLL_ALLREDUCE || coll == WEFT_COLL_REDUCE_SCATTER ||
+                           coll == WEFT_COLL_REDUCE;
+            if (!reduces)
+                cr_assert(same_steps(&a, &b), "%s rank %d", weft_coll_name(coll), rank);
+            else if (rank != 0 || coll != WEFT_COLL_REDUCE) /* the ring's root: its own */
+                cr_assert(!same_steps(&a, &b), "%s rank %d", weft_coll_name(coll), rank);
+        }
+    }
+    /* Allreduce, p=4, rank 1, 3 chunks: per chunk the partial comes from 0
+     * and goes to 2, the result comes back from 2 and goes on to 0. */
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 1, 4, 0, 7, 3, WEFT_ALGO_RING, 0, 1, NULL, 0 };
+    cr_assert(weft_sched_build(&d, &a) == WEFT_OK);
+    cr_assert(a.nsteps == 12 && a.scratch_count == 0, "%zu steps", a.nsteps);
+    static const int kinds[4] = { WEFT_STEP_RECV_REDUCE, WEFT_STEP_SEND, WEFT_STEP_RECV,
+                                  WEFT_STEP_SEND };
+    static const int peers[4] = { 0, 2, 2, 0 };
+    for (size_t i = 0; i < a.nsteps; i++) {
+        const struct weft_step *st = &a.steps[i];
+        cr_assert(st->kind == kinds[i % 4] && st->peer == peers[i % 4] && st->off == i / 4 * 3 &&
+                      st->count == (i / 4 == 2 ? 1u : 3u) && st->buf == WEFT_BUF_RECV,
+                  "step %zu", i);
+        cr_assert(i % 4 == 0 ? st->deps[0] == -1 : st->deps[0] == (int32_t)i - 1, "step %zu", i);
+    }
+    cr_assert(count_flag(&a, WEFT_STEP_RECV_FIRST) == 3 && count_flag(&a, WEFT_STEP_FINAL) == 0);
+    weft_sched_free(&a);
+    weft_sched_free(&b);
+}
+
 /* ---- recursive halving/doubling, checked ----------------------------------------- */
 
 #define PLAN_RHD PLAN(WEFT_ALGO_RHD, WEFT_VAR_RHD_RABENSEIFNER)
@@ -1331,39 +1369,6 @@ Test(rhd, doubling_variant_is_rd)
     struct weft_schedule a, b;
     weft_sched_init(&a);
     weft_sched_init(&b);
-    for (int coll = 0; coll <= WEFT_COLL_REDUCE; coll++) {
-        for (int rank = 0; rank < 5; rank++) {
-            struct weft_coll_desc d = { coll, rank, 5, 2, 37, 4, WEFT_ALGO_RING, 0, 0, NULL, 0 };
-            cr_assert(weft_sched_build(&d, &a) == WEFT_OK);
-            d.ordered = 1;
-            cr_assert(weft_sched_build(&d, &b) == WEFT_OK);
-            bool reduces = coll == WEFT_COLL_ALLREDUCE || coll == WEFT_COLL_REDUCE_SCATTER ||
-                           coll == WEFT_COLL_REDUCE;
-            if (!reduces)
-                cr_assert(same_steps(&a, &b), "%s rank %d", weft_coll_name(coll), rank);
-            else if (rank != 0 || coll != WEFT_COLL_REDUCE) /* the ring's root: its own */
-                cr_assert(!same_steps(&a, &b), "%s rank %d", weft_coll_name(coll), rank);
-        }
-    }
-    /* Allreduce, p=4, rank 1, 3 chunks: per chunk the partial comes from 0
-     * and goes to 2, the result comes back from 2 and goes on to 0. */
-    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 1, 4, 0, 7, 3, WEFT_ALGO_RING, 0, 1, NULL, 0 };
-    cr_assert(weft_sched_build(&d, &a) == WEFT_OK);
-    cr_assert(a.nsteps == 12 && a.scratch_count == 0, "%zu steps", a.nsteps);
-    static const int kinds[4] = { WEFT_STEP_RECV_REDUCE, WEFT_STEP_SEND, WEFT_STEP_RECV,
-                                  WEFT_STEP_SEND };
-    static const int peers[4] = { 0, 2, 2, 0 };
-    for (size_t i = 0; i < a.nsteps; i++) {
-        const struct weft_step *st = &a.steps[i];
-        cr_assert(st->kind == kinds[i % 4] && st->peer == peers[i % 4] && st->off == i / 4 * 3 &&
-                      st->count == (i / 4 == 2 ? 1u : 3u) && st->buf == WEFT_BUF_RECV,
-                  "step %zu", i);
-        cr_assert(i % 4 == 0 ? st->deps[0] == -1 : st->deps[0] == (int32_t)i - 1, "step %zu", i);
-    }
-    cr_assert(count_flag(&a, WEFT_STEP_RECV_FIRST) == 3 && count_flag(&a, WEFT_STEP_FINAL) == 0);
-    weft_sched_free(&a);
-    weft_sched_free(&b);
-}
     for (int rank = 0; rank < 6; rank++) {
         struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, rank, 6, 0, 100, 7, WEFT_ALGO_RHD,
                                     WEFT_VAR_RHD_DOUBLING, 0, NULL, 0 };
@@ -1449,237 +1454,6 @@ Test(rhd, step_structure)
 
 Test(rhd, bad_descriptions)
 {
-/* ---- the double binary tree and direct schedules, checked --------------------------- */
-
-#define PLAN_DBT PLAN(WEFT_ALGO_TREE, WEFT_VAR_TREE_DOUBLE)
-#define PLAN_DIRECT PLAN(WEFT_ALGO_DIRECT, 0)
-
-/* Ranks pmin..pmax (then 31 and 64 when with_big); counts 0, 1, p-1, p+1,
- * a large odd one in large chunks, and many chunks of 3 and of 1
- * (pipelining); every root up to 16 ranks, 0, 1, p/2 and p-1 above, where
- * the last three counts take two of those roots each in turn.  The
- * per-block collectives, the direct rooted ones (whose root has a step per
- * rank and chunk) and, in chunks of 1, rank counts above 17 get smaller
- * many-chunk counts: the race check is quadratic in steps per rank. */
-static void plan_matrix(int plan, int coll, int pmin, int pmax, bool with_big, int slots)
-{
-    int ps[SMALLP], np = rank_counts(pmin, pmax, with_big, ps);
-    bool per_block = coll == WEFT_COLL_ALLGATHER || coll == WEFT_COLL_REDUCE_SCATTER;
-    bool rooted = coll == WEFT_COLL_BROADCAST || coll == WEFT_COLL_REDUCE;
-    bool star = rooted && PLAN_ALGO(plan) == WEFT_ALGO_DIRECT;
-    for (int i = 0; i < np; i++) {
-        int p = ps[i];
-        size_t up = (size_t)p;
-        size_t many = per_block ? 17 : star ? 3 * up + 7 : 10 * up + 7;
-        size_t single = per_block ? 5 : star ? up + 1 : p > 17 ? 2 * up + 7 : 10 * up + 7;
-        size_t counts[] = { 0, 1, up - 1, up + 1, 1000003, many, single };
-        size_t chunks[] = { 1 << 20, 1 << 20, 1 << 20, 1 << 20, per_block ? 1 << 18 : 65536, 3,
-                            1 };
-        int pick[] = { 0, 1, p / 2, p - 1 };
-        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
-            if (!rooted) {
-                check_sched(plan, coll, p, 0, counts[c], chunks[c], slots);
-            } else if (p <= 16) {
-                for (int r = 0; r < p; r++)
-                    check_sched(plan, coll, p, r, counts[c], chunks[c], slots);
-            } else {
-                for (size_t k = 0; k < 4; k++)
-                    if (c < 4 || k == c % 4 || k == (c + 2) % 4)
-                        check_sched(plan, coll, p, pick[k], counts[c], chunks[c], slots);
-            }
-        }
-    }
-}
-
-Test(dbt, allreduce) { plan_matrix(PLAN_DBT, WEFT_COLL_ALLREDUCE, 1, 17, true, engine_slots()); }
-Test(dbt, reduce) { plan_matrix(PLAN_DBT, WEFT_COLL_REDUCE, 1, 17, true, engine_slots()); }
-Test(dbt, broadcast) { plan_matrix(PLAN_DBT, WEFT_COLL_BROADCAST, 1, 17, true, engine_slots()); }
-
-/* One staging slot: a receive-reduce holds it until its data is folded;
- * no rank may end up waiting for one that only a later step frees. */
-Test(dbt, one_staging_slot)
-{
-    plan_matrix(PLAN_DBT, WEFT_COLL_ALLREDUCE, 1, 9, false, 1);
-    plan_matrix(PLAN_DBT, WEFT_COLL_REDUCE, 1, 9, false, 1);
-    plan_matrix(PLAN_BINOMIAL, WEFT_COLL_REDUCE, 1, 9, false, 1);
-}
-
-Test(tree, binomial_reduce)
-{
-    plan_matrix(PLAN_BINOMIAL, WEFT_COLL_REDUCE, 1, 17, true, engine_slots());
-}
-
-/* One rank's place in one tree, read off its allreduce (rooted: reduce)
- * schedule of 2 elements, one per tree: the children are the peers of the
- * receive-reduces of that element, the parent the peer of its receive
- * (rooted: its send). */
-struct tree_place {
-    int parent, nkids, finals;
-};
-
-/* The vector element step i of s works on: a step on scratch is traced
- * back through its deps to the fold that read sendbuf or recvbuf. */
-static size_t elem_of(const struct weft_schedule *s, size_t i)
-{
-    const struct weft_step *st = &s->steps[i];
-    while (st->kind == WEFT_STEP_RECV_REDUCE ? st->src_buf == WEFT_BUF_SCRATCH
-                                             : st->buf == WEFT_BUF_SCRATCH) {
-        cr_assert(st->deps[0] >= 0);
-        st = &s->steps[st->deps[0]];
-    }
-    return st->kind == WEFT_STEP_RECV_REDUCE ? st->src_off : st->off;
-}
-
-static struct tree_place place_of(const struct weft_schedule *s, size_t elem, bool rooted)
-{
-    struct tree_place pl = { -1, 0, 0 };
-    for (size_t i = 0; i < s->nsteps; i++) {
-        const struct weft_step *st = &s->steps[i];
-        if (st->kind == WEFT_STEP_COPY || elem_of(s, i) != elem)
-            continue;
-        if (st->kind == WEFT_STEP_RECV_REDUCE) {
-            pl.nkids++;
-            pl.finals += (st->flags & WEFT_STEP_FINAL) != 0;
-        } else if (st->kind == (rooted ? WEFT_STEP_SEND : WEFT_STEP_RECV)) {
-            cr_assert(pl.parent < 0, "two parents");
-            pl.parent = st->peer;
-        }
-    }
-    return pl;
-}
-
-/* The two trees are complementary: no rank forwards in both (so each
- * forwards half the data at most), a rank has two children at most, the
- * two allreduce roots differ, and the depth is ceil(log2(p + 1)) levels
- * (rooted: the root above both trees, over the other p - 1 ranks). */
-Test(dbt, complementary_trees)
-{
-    enum { PMAX = 130 };
-    static struct weft_schedule sch[PMAX];
-    for (int rooted = 0; rooted < 2; rooted++) {
-        for (int p = 1; p <= PMAX; p++) {
-            int root = rooted ? p / 3 : 0, n = rooted ? p - 1 : p;
-            int coll = rooted ? WEFT_COLL_REDUCE : WEFT_COLL_ALLREDUCE;
-            struct tree_place pl[2][PMAX];
-            for (int r = 0; r < p; r++) {
-                struct weft_coll_desc d = { coll, r, p, root, 2, 64, WEFT_ALGO_TREE,
-                                            WEFT_VAR_TREE_DOUBLE, 0, NULL, 0 };
-                weft_sched_init(&sch[r]);
-                cr_assert(weft_tree_build(&d, &sch[r]) == WEFT_OK);
-                for (int t = 0; t < 2; t++)
-                    pl[t][r] = place_of(&sch[r], (size_t)t, rooted);
-            }
-            int levels = 0; /* ceil(log2(n + 1)) */
-            while ((1 << levels) < n + 1)
-                levels++;
-            int tree_root[2] = { -1, -1 };
-            for (int t = 0; t < 2; t++) {
-                int finals = 0;
-                for (int r = 0; r < p; r++) {
-                    cr_assert(pl[t][r].nkids <= 2, "p=%d tree %d rank %d: %d children", p, t, r,
-                              pl[t][r].nkids);
-                    finals += pl[t][r].finals;
-                    if (pl[t][r].parent < 0)
-                        tree_root[t] = r;
-                    if (rooted && r == root)
-                        cr_assert(pl[t][r].nkids == (p > 1) && pl[t][r].parent < 0);
-                    else if (r != tree_root[t] || rooted)
-                        cr_assert(pl[t][r].parent >= 0, "p=%d tree %d rank %d has no parent", p,
-                                  t, r);
-                    /* the depth of r: hops up to the root */
-                    int depth = 0;
-                    for (int q = r; pl[t][q].parent >= 0; q = pl[t][q].parent)
-                        cr_assert(++depth <= p, "p=%d tree %d: a cycle", p, t);
-                    cr_assert(depth <= levels - 1 + rooted, "p=%d tree %d rank %d: depth %d", p,
-                              t, r, depth);
-                }
-                cr_assert(finals == (p > 1), "p=%d tree %d: %d FINAL folds", p, t, finals);
-                cr_assert(rooted ? tree_root[t] == root : tree_root[t] >= 0);
-            }
-            for (int r = 0; r < p; r++)
-                if (!(rooted && r == root))
-                    cr_assert(pl[0][r].nkids == 0 || pl[1][r].nkids == 0,
-                              "p=%d rooted=%d: rank %d forwards in both trees", p, rooted, r);
-            if (!rooted && p > 1)
-                cr_assert(tree_root[0] != tree_root[1], "p=%d: one root for both trees", p);
-            /* Some rank is as deep as the bound: the trees are not chains
-             * cut short, nor deeper than they need. */
-            if (n >= 1) {
-                int deepest = 0;
-                for (int r = 0; r < p; r++) {
-                    int depth = 0;
-                    for (int q = r; pl[0][q].parent >= 0; q = pl[0][q].parent)
-                        depth++;
-                    deepest = depth > deepest ? depth : deepest;
-                }
-                cr_assert(deepest == levels - 1 + rooted, "p=%d rooted=%d: depth %d, want %d", p,
-                          rooted, deepest, levels - 1 + rooted);
-            }
-            free_all(p, sch);
-        }
-    }
-}
-
-/* Pipelining: chunk c of the broadcast waits for chunk c of the reduce
- * only, so the two phases overlap.  p=3, 12 elements in chunks of 2: tree
- * 0 carries 6 (3 chunks), rooted at rank 1 (key 2), which has children 0
- * and 2 and, in tree 1, is a leaf below rank 2. */
-Test(dbt, step_structure)
-{
-    struct weft_schedule s;
-    weft_sched_init(&s);
-    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 1, 3, 0, 12, 2, WEFT_ALGO_TREE,
-                                WEFT_VAR_TREE_DOUBLE, 0, NULL, 0 };
-    cr_assert(weft_tree_build(&d, &s) == WEFT_OK);
-    cr_assert(s.scratch_count == 0);
-    int finals = 0;
-    size_t downs = 0;
-    for (size_t i = 0; i < s.nsteps; i++) {
-        const struct weft_step *st = &s.steps[i];
-        cr_assert(st->count == 2, "step %zu: %zu elements", i, st->count);
-        if (st->off < 6) { /* tree 0: the root */
-            cr_assert(st->kind == WEFT_STEP_RECV_REDUCE || st->kind == WEFT_STEP_SEND);
-            if (st->kind == WEFT_STEP_RECV_REDUCE && (st->flags & WEFT_STEP_FINAL)) {
-                finals++;
-                cr_assert(st->peer == 2 && st->deps[0] == (int32_t)i - 1 &&
-                          s.steps[i - 1].peer == 0 && s.steps[i - 1].off == st->off);
-            }
-            if (st->kind == WEFT_STEP_SEND) {
-                const struct weft_step *fin = &s.steps[st->deps[0]];
-                cr_assert(st->buf == WEFT_BUF_RECV && (fin->flags & WEFT_STEP_FINAL) &&
-                          fin->off == st->off, "step %zu: a send down before its reduction", i);
-                downs++;
-            }
-        } else { /* tree 1: a leaf below rank 2 */
-            cr_assert(st->peer == 2 && st->kind != WEFT_STEP_RECV_REDUCE);
-            if (st->kind == WEFT_STEP_RECV) {
-                const struct weft_step *up = &s.steps[st->deps[0]];
-                cr_assert(up->kind == WEFT_STEP_SEND && up->off == st->off &&
-                          up->buf == WEFT_BUF_SEND);
-            }
-        }
-    }
-    cr_assert(finals == 3 && downs == 6, "%d FINAL, %zu sends down", finals, downs);
-    /* Reduce: forwarding ranks fold in scratch, the half they forward. */
-    d = (struct weft_coll_desc){ WEFT_COLL_REDUCE, 0, 8, 0, 11, 4, WEFT_ALGO_TREE,
-                                 WEFT_VAR_TREE_DOUBLE, 0, NULL, 0 };
-    size_t forwarded = 0;
-    for (int r = 0; r < 8; r++) {
-        d.rank = r;
-        cr_assert(weft_tree_build(&d, &s) == WEFT_OK);
-        cr_assert(s.scratch_count == 0 || s.scratch_count == 6 || s.scratch_count == 5,
-                  "rank %d: scratch %zu", r, s.scratch_count);
-        cr_assert(r != 0 || s.scratch_count == 0);
-        forwarded += s.scratch_count;
-    }
-    cr_assert(forwarded == 3 * 6 + 3 * 5, "%zu", forwarded);
-    weft_sched_free(&s);
-}
-
-Test(dbt, refusals)
-{
-    struct weft_schedule s;
-    weft_sched_init(&s);
     struct {
         struct weft_coll_desc d;
         weft_status_t want;
@@ -1824,6 +1598,8 @@ Test(checker, catches_broken_rhd_schedules)
     expect_caught_algo(PLAN_RHD, WEFT_COLL_BROADCAST, 4, 0, 40, 100, rhd_scatter_reorder,
                        "position");
     expect_caught_algo(PLAN_RHD, ar, 4, 0, 10, 3, rhd_flip_order, NULL);
+}
+
 /* ---- hierarchical schedules, checked -------------------------------------------------- */
 
 #define PLAN_HIER_RING PLAN(WEFT_ALGO_HIER, WEFT_VAR_HIER_RING)
@@ -2150,6 +1926,244 @@ Test(hier, checker_sees_phase_order)
                      sizeof(err));
     free_all(3, sch);
     cr_assert(!ok && strstr(err, "touch the same memory unordered"), "%s", ok ? "passed" : err);
+}
+
+/* ---- the double binary tree and direct schedules, checked --------------------------- */
+
+#define PLAN_DBT PLAN(WEFT_ALGO_TREE, WEFT_VAR_TREE_DOUBLE)
+#define PLAN_DIRECT PLAN(WEFT_ALGO_DIRECT, 0)
+
+/* Ranks pmin..pmax (then 31 and 64 when with_big); counts 0, 1, p-1, p+1,
+ * a large odd one in large chunks, and many chunks of 3 and of 1
+ * (pipelining); every root up to 16 ranks, 0, 1, p/2 and p-1 above, where
+ * the last three counts take two of those roots each in turn.  The
+ * per-block collectives, the direct rooted ones (whose root has a step per
+ * rank and chunk) and, in chunks of 1, rank counts above 17 get smaller
+ * many-chunk counts: the race check is quadratic in steps per rank. */
+static void dbt_direct_matrix(int plan, int coll, int pmin, int pmax, bool with_big, int slots)
+{
+    int ps[SMALLP], np = rank_counts(pmin, pmax, with_big, ps);
+    bool per_block = coll == WEFT_COLL_ALLGATHER || coll == WEFT_COLL_REDUCE_SCATTER;
+    bool rooted = coll == WEFT_COLL_BROADCAST || coll == WEFT_COLL_REDUCE;
+    bool star = rooted && PLAN_ALGO(plan) == WEFT_ALGO_DIRECT;
+    for (int i = 0; i < np; i++) {
+        int p = ps[i];
+        size_t up = (size_t)p;
+        size_t many = per_block ? 17 : star ? 3 * up + 7 : 10 * up + 7;
+        size_t single = per_block ? 5 : star ? up + 1 : p > 17 ? 2 * up + 7 : 10 * up + 7;
+        size_t counts[] = { 0, 1, up - 1, up + 1, 1000003, many, single };
+        size_t chunks[] = { 1 << 20, 1 << 20, 1 << 20, 1 << 20, per_block ? 1 << 18 : 65536, 3,
+                            1 };
+        int pick[] = { 0, 1, p / 2, p - 1 };
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+            if (!rooted) {
+                check_sched(plan, coll, p, 0, counts[c], chunks[c], slots);
+            } else if (p <= 16) {
+                for (int r = 0; r < p; r++)
+                    check_sched(plan, coll, p, r, counts[c], chunks[c], slots);
+            } else {
+                for (size_t k = 0; k < 4; k++)
+                    if (c < 4 || k == c % 4 || k == (c + 2) % 4)
+                        check_sched(plan, coll, p, pick[k], counts[c], chunks[c], slots);
+            }
+        }
+    }
+}
+
+Test(dbt, allreduce) { dbt_direct_matrix(PLAN_DBT, WEFT_COLL_ALLREDUCE, 1, 17, true, engine_slots()); }
+Test(dbt, reduce) { dbt_direct_matrix(PLAN_DBT, WEFT_COLL_REDUCE, 1, 17, true, engine_slots()); }
+Test(dbt, broadcast) { dbt_direct_matrix(PLAN_DBT, WEFT_COLL_BROADCAST, 1, 17, true, engine_slots()); }
+
+/* One staging slot: a receive-reduce holds it until its data is folded;
+ * no rank may end up waiting for one that only a later step frees. */
+Test(dbt, one_staging_slot)
+{
+    dbt_direct_matrix(PLAN_DBT, WEFT_COLL_ALLREDUCE, 1, 9, false, 1);
+    dbt_direct_matrix(PLAN_DBT, WEFT_COLL_REDUCE, 1, 9, false, 1);
+    dbt_direct_matrix(PLAN_BINOMIAL, WEFT_COLL_REDUCE, 1, 9, false, 1);
+}
+
+Test(tree, binomial_reduce)
+{
+    dbt_direct_matrix(PLAN_BINOMIAL, WEFT_COLL_REDUCE, 1, 17, true, engine_slots());
+}
+
+/* One rank's place in one tree, read off its allreduce (rooted: reduce)
+ * schedule of 2 elements, one per tree: the children are the peers of the
+ * receive-reduces of that element, the parent the peer of its receive
+ * (rooted: its send). */
+struct tree_place {
+    int parent, nkids, finals;
+};
+
+/* The vector element step i of s works on: a step on scratch is traced
+ * back through its deps to the fold that read sendbuf or recvbuf. */
+static size_t elem_of(const struct weft_schedule *s, size_t i)
+{
+    const struct weft_step *st = &s->steps[i];
+    while (st->kind == WEFT_STEP_RECV_REDUCE ? st->src_buf == WEFT_BUF_SCRATCH
+                                             : st->buf == WEFT_BUF_SCRATCH) {
+        cr_assert(st->deps[0] >= 0);
+        st = &s->steps[st->deps[0]];
+    }
+    return st->kind == WEFT_STEP_RECV_REDUCE ? st->src_off : st->off;
+}
+
+static struct tree_place place_of(const struct weft_schedule *s, size_t elem, bool rooted)
+{
+    struct tree_place pl = { -1, 0, 0 };
+    for (size_t i = 0; i < s->nsteps; i++) {
+        const struct weft_step *st = &s->steps[i];
+        if (st->kind == WEFT_STEP_COPY || elem_of(s, i) != elem)
+            continue;
+        if (st->kind == WEFT_STEP_RECV_REDUCE) {
+            pl.nkids++;
+            pl.finals += (st->flags & WEFT_STEP_FINAL) != 0;
+        } else if (st->kind == (rooted ? WEFT_STEP_SEND : WEFT_STEP_RECV)) {
+            cr_assert(pl.parent < 0, "two parents");
+            pl.parent = st->peer;
+        }
+    }
+    return pl;
+}
+
+/* The two trees are complementary: no rank forwards in both (so each
+ * forwards half the data at most), a rank has two children at most, the
+ * two allreduce roots differ, and the depth is ceil(log2(p + 1)) levels
+ * (rooted: the root above both trees, over the other p - 1 ranks). */
+Test(dbt, complementary_trees)
+{
+    enum { PMAX = 130 };
+    static struct weft_schedule sch[PMAX];
+    for (int rooted = 0; rooted < 2; rooted++) {
+        for (int p = 1; p <= PMAX; p++) {
+            int root = rooted ? p / 3 : 0, n = rooted ? p - 1 : p;
+            int coll = rooted ? WEFT_COLL_REDUCE : WEFT_COLL_ALLREDUCE;
+            struct tree_place pl[2][PMAX];
+            for (int r = 0; r < p; r++) {
+                struct weft_coll_desc d = { coll, r, p, root, 2, 64, WEFT_ALGO_TREE,
+                                            WEFT_VAR_TREE_DOUBLE, 0, NULL, 0 };
+                weft_sched_init(&sch[r]);
+                cr_assert(weft_tree_build(&d, &sch[r]) == WEFT_OK);
+                for (int t = 0; t < 2; t++)
+                    pl[t][r] = place_of(&sch[r], (size_t)t, rooted);
+            }
+            int levels = 0; /* ceil(log2(n + 1)) */
+            while ((1 << levels) < n + 1)
+                levels++;
+            int tree_root[2] = { -1, -1 };
+            for (int t = 0; t < 2; t++) {
+                int finals = 0;
+                for (int r = 0; r < p; r++) {
+                    cr_assert(pl[t][r].nkids <= 2, "p=%d tree %d rank %d: %d children", p, t, r,
+                              pl[t][r].nkids);
+                    finals += pl[t][r].finals;
+                    if (pl[t][r].parent < 0)
+                        tree_root[t] = r;
+                    if (rooted && r == root)
+                        cr_assert(pl[t][r].nkids == (p > 1) && pl[t][r].parent < 0);
+                    else if (r != tree_root[t] || rooted)
+                        cr_assert(pl[t][r].parent >= 0, "p=%d tree %d rank %d has no parent", p,
+                                  t, r);
+                    /* the depth of r: hops up to the root */
+                    int depth = 0;
+                    for (int q = r; pl[t][q].parent >= 0; q = pl[t][q].parent)
+                        cr_assert(++depth <= p, "p=%d tree %d: a cycle", p, t);
+                    cr_assert(depth <= levels - 1 + rooted, "p=%d tree %d rank %d: depth %d", p,
+                              t, r, depth);
+                }
+                cr_assert(finals == (p > 1), "p=%d tree %d: %d FINAL folds", p, t, finals);
+                cr_assert(rooted ? tree_root[t] == root : tree_root[t] >= 0);
+            }
+            for (int r = 0; r < p; r++)
+                if (!(rooted && r == root))
+                    cr_assert(pl[0][r].nkids == 0 || pl[1][r].nkids == 0,
+                              "p=%d rooted=%d: rank %d forwards in both trees", p, rooted, r);
+            if (!rooted && p > 1)
+                cr_assert(tree_root[0] != tree_root[1], "p=%d: one root for both trees", p);
+            /* Some rank is as deep as the bound: the trees are not chains
+             * cut short, nor deeper than they need. */
+            if (n >= 1) {
+                int deepest = 0;
+                for (int r = 0; r < p; r++) {
+                    int depth = 0;
+                    for (int q = r; pl[0][q].parent >= 0; q = pl[0][q].parent)
+                        depth++;
+                    deepest = depth > deepest ? depth : deepest;
+                }
+                cr_assert(deepest == levels - 1 + rooted, "p=%d rooted=%d: depth %d, want %d", p,
+                          rooted, deepest, levels - 1 + rooted);
+            }
+            free_all(p, sch);
+        }
+    }
+}
+
+/* Pipelining: chunk c of the broadcast waits for chunk c of the reduce
+ * only, so the two phases overlap.  p=3, 12 elements in chunks of 2: tree
+ * 0 carries 6 (3 chunks), rooted at rank 1 (key 2), which has children 0
+ * and 2 and, in tree 1, is a leaf below rank 2. */
+Test(dbt, step_structure)
+{
+    struct weft_schedule s;
+    weft_sched_init(&s);
+    struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 1, 3, 0, 12, 2, WEFT_ALGO_TREE,
+                                WEFT_VAR_TREE_DOUBLE, 0, NULL, 0 };
+    cr_assert(weft_tree_build(&d, &s) == WEFT_OK);
+    cr_assert(s.scratch_count == 0);
+    int finals = 0;
+    size_t downs = 0;
+    for (size_t i = 0; i < s.nsteps; i++) {
+        const struct weft_step *st = &s.steps[i];
+        cr_assert(st->count == 2, "step %zu: %zu elements", i, st->count);
+        if (st->off < 6) { /* tree 0: the root */
+            cr_assert(st->kind == WEFT_STEP_RECV_REDUCE || st->kind == WEFT_STEP_SEND);
+            if (st->kind == WEFT_STEP_RECV_REDUCE && (st->flags & WEFT_STEP_FINAL)) {
+                finals++;
+                cr_assert(st->peer == 2 && st->deps[0] == (int32_t)i - 1 &&
+                          s.steps[i - 1].peer == 0 && s.steps[i - 1].off == st->off);
+            }
+            if (st->kind == WEFT_STEP_SEND) {
+                const struct weft_step *fin = &s.steps[st->deps[0]];
+                cr_assert(st->buf == WEFT_BUF_RECV && (fin->flags & WEFT_STEP_FINAL) &&
+                          fin->off == st->off, "step %zu: a send down before its reduction", i);
+                downs++;
+            }
+        } else { /* tree 1: a leaf below rank 2 */
+            cr_assert(st->peer == 2 && st->kind != WEFT_STEP_RECV_REDUCE);
+            if (st->kind == WEFT_STEP_RECV) {
+                const struct weft_step *up = &s.steps[st->deps[0]];
+                cr_assert(up->kind == WEFT_STEP_SEND && up->off == st->off &&
+                          up->buf == WEFT_BUF_SEND);
+            }
+        }
+    }
+    cr_assert(finals == 3 && downs == 6, "%d FINAL, %zu sends down", finals, downs);
+    /* Reduce: forwarding ranks fold in scratch, the half they forward. */
+    d = (struct weft_coll_desc){ WEFT_COLL_REDUCE, 0, 8, 0, 11, 4, WEFT_ALGO_TREE,
+                                 WEFT_VAR_TREE_DOUBLE, 0, NULL, 0 };
+    size_t forwarded = 0;
+    for (int r = 0; r < 8; r++) {
+        d.rank = r;
+        cr_assert(weft_tree_build(&d, &s) == WEFT_OK);
+        cr_assert(s.scratch_count == 0 || s.scratch_count == 6 || s.scratch_count == 5,
+                  "rank %d: scratch %zu", r, s.scratch_count);
+        cr_assert(r != 0 || s.scratch_count == 0);
+        forwarded += s.scratch_count;
+    }
+    cr_assert(forwarded == 3 * 6 + 3 * 5, "%zu", forwarded);
+    weft_sched_free(&s);
+}
+
+Test(dbt, refusals)
+{
+    struct weft_schedule s;
+    weft_sched_init(&s);
+    struct {
+        struct weft_coll_desc d;
+        weft_status_t want;
+        const char *needle;
+    } c[] = {
 #define TREE_DESC(coll, rank, p, root, chunk, var)                                            \
     { coll, rank, p, root, 10, chunk, WEFT_ALGO_TREE, var, 0, NULL, 0 }
         { TREE_DESC(WEFT_COLL_REDUCE_SCATTER, 0, 4, 0, 4, 0), WEFT_ERR_UNSUPPORTED,
@@ -2281,27 +2295,27 @@ Test(checker, catches_broken_dbt_schedules)
 
 Test(direct, allreduce)
 {
-    plan_matrix(PLAN_DIRECT, WEFT_COLL_ALLREDUCE, 1, 17, true, engine_slots());
+    dbt_direct_matrix(PLAN_DIRECT, WEFT_COLL_ALLREDUCE, 1, 17, true, engine_slots());
 }
 Test(direct, reduce_scatter)
 {
-    plan_matrix(PLAN_DIRECT, WEFT_COLL_REDUCE_SCATTER, 1, 17, true, engine_slots());
+    dbt_direct_matrix(PLAN_DIRECT, WEFT_COLL_REDUCE_SCATTER, 1, 17, true, engine_slots());
 }
 Test(direct, allgather)
 {
-    plan_matrix(PLAN_DIRECT, WEFT_COLL_ALLGATHER, 1, 17, true, engine_slots());
+    dbt_direct_matrix(PLAN_DIRECT, WEFT_COLL_ALLGATHER, 1, 17, true, engine_slots());
 }
 Test(direct, broadcast)
 {
-    plan_matrix(PLAN_DIRECT, WEFT_COLL_BROADCAST, 1, 17, true, engine_slots());
+    dbt_direct_matrix(PLAN_DIRECT, WEFT_COLL_BROADCAST, 1, 17, true, engine_slots());
 }
-Test(direct, reduce) { plan_matrix(PLAN_DIRECT, WEFT_COLL_REDUCE, 1, 17, true, engine_slots()); }
+Test(direct, reduce) { dbt_direct_matrix(PLAN_DIRECT, WEFT_COLL_REDUCE, 1, 17, true, engine_slots()); }
 
 Test(direct, one_staging_slot)
 {
     int colls[] = { WEFT_COLL_ALLREDUCE, WEFT_COLL_REDUCE_SCATTER, WEFT_COLL_REDUCE };
     for (size_t c = 0; c < sizeof(colls) / sizeof(colls[0]); c++)
-        plan_matrix(PLAN_DIRECT, colls[c], 1, 9, false, 1);
+        dbt_direct_matrix(PLAN_DIRECT, colls[c], 1, 9, false, 1);
 }
 
 /* Rank r sends to r+1, r+2, ... and folds what r-1, r-2, ... send, FINAL
