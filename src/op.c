@@ -302,8 +302,7 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
             .root = args->root, .count = args->count,
             .chunk = WEFT_MAX(eng->chunk_bytes / esize, 1),
         };
-        struct weft_plan pl = weft_tune_pick(comm->algos[args->coll], args->coll, comm->nranks,
-                                             args->count * esize);
+        struct weft_plan pl = weft_tune_pick(comm, args->coll, args->count, esize);
         d.algo = pl.algo;
         d.variant = pl.variant;
         pthread_mutex_lock(&eng->mu);
