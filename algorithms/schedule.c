@@ -44,7 +44,7 @@ int32_t weft_sched_add(struct weft_schedule *s, const struct weft_step *st)
 const char *weft_coll_name(int coll)
 {
     static const char *const names[WEFT_COLL_COUNT] = {
-        [WEFT_COLL_ALLREDUCE] = "allreduce", [WEFT_COLL_REDUCE_SCATTER] = "reduce_scatter",
+        [WEFT_COLL_ALLREDUCE] = "allreduce", [WEFT_COLL_REDUCE_SCATTER] = "reducescatter",
         [WEFT_COLL_ALLGATHER] = "allgather", [WEFT_COLL_BROADCAST] = "broadcast",
         [WEFT_COLL_REDUCE] = "reduce",       [WEFT_COLL_SEND] = "send",
         [WEFT_COLL_RECV] = "recv",

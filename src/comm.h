@@ -12,6 +12,7 @@
 #include "sock.h"
 #include "topo.h"
 #include "algorithms/schedule.h"
+#include "tune.h"
 
 #define WEFT_ERRMSG_LEN 512
 #define WEFT_MAX_TRANSPORTS 2
@@ -31,7 +32,8 @@ struct weft_comm {
     uint64_t job;                      /* identity, covered by every handshake */
     uint8_t secret[16];
     uint64_t timeout_ns;               /* WEFT_TIMEOUT_MS */
-    unsigned algos[WEFT_COLL_COUNT];   /* WEFT_ALGO: per collective, a mask of enum weft_algo */
+    unsigned algos[WEFT_COLL_COUNT];   /* WEFT_ALGO: per collective, WEFT_PLAN_BITs */
+    struct weft_tune_cache tune;       /* plans chosen so far (tune.c) */
     _Atomic int deterministic;         /* WEFT_DETERMINISTIC / weft_comm_set_deterministic:
                                           reducing collectives run the ordered chain */
     struct weft_bootstrap *bs;

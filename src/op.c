@@ -302,14 +302,10 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
             .root = args->root, .count = args->count,
             .chunk = WEFT_MAX(eng->chunk_bytes / esize, 1),
         };
-        struct weft_plan pl = weft_tune_pick(comm->algos[args->coll], args->coll, comm->nranks,
-                                             args->count * esize);
-        d.algo = pl.algo;
-        d.variant = pl.variant;
         if (atomic_load(&comm->deterministic) && weft_coll_reduces(args->coll)) {
             /* One fixed combining order: the ordered chain, whatever was allowed. */
             static _Atomic int told;
-            if (!(comm->algos[args->coll] & (1u << WEFT_ALGO_RING)) &&
+            if (!(comm->algos[args->coll] & WEFT_PLAN_BIT(WEFT_ALGO_RING, 0)) &&
                 !atomic_exchange(&told, 1))
                 WEFT_INFO(WEFT_SUB_COLL, "deterministic mode: %s runs the ordered chain (ring), "
                           "not what WEFT_ALGO=%s allows", weft_coll_name(args->coll),
@@ -317,6 +313,14 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
             d.algo = WEFT_ALGO_RING;
             d.variant = 0;
             d.ordered = 1;
+        } else {
+            struct weft_plan pl = weft_tune_pick(comm, args->coll, args->count, esize);
+            d.algo = pl.algo;
+            d.variant = pl.variant;
+            if (d.algo == WEFT_ALGO_HIER) {
+                d.node = comm->topo.host;
+                d.nnodes = comm->topo.nhosts;
+            }
         }
         pthread_mutex_lock(&eng->mu);
         st = sched_get(eng, &d, &op->ent);

@@ -1,21 +1,21 @@
 /*
- * tune.c - algorithm selection by an alpha-beta cost model.  alpha is one
- * message's latency, beta the time per byte, gamma the time per reduced
- * byte; figures measured on TCP loopback here (~2.5 GB/s per direction,
- * reductions ~10 GB/s).  The model only has to rank the candidates, not
- * predict absolute times; measured crossovers rd -> ring: ~1 MiB at p = 2,
- * 0.3-1 MiB at p = 4.
+ * tune.c - algorithm selection: WEFT_ALGO's syntax, and the choice itself,
+ * made by running every candidate's schedules through the alpha-beta-gamma
+ * simulator on the communicator's link table (its per-pair alpha and beta:
+ * defaults, refined by the init calibration, overridden by a topology
+ * file).  The simulator predicts; it does not have to be exact, only to
+ * rank the candidates the way the machine does.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
-#include "algorithms/schedule.h"
+#include "algorithms/sim.h"
+#include "comm.h"
+#include "engine_impl.h"
 #include "tune.h"
 
-#define ALPHA 20e-6 /* 7.5 us with a core each; ~30 us per hop with 2 ranks a core */
-#define BETA (1.0 / 2.5e9)
-#define GAMMA (1.0 / 10e9)
 
 int weft_tune_coll_from_name(const char *name, size_t len)
 {
@@ -30,26 +30,51 @@ int weft_tune_coll_from_name(const char *name, size_t len)
     return -1;
 }
 
+static const char *const var_names[WEFT_ALGO_COUNT][WEFT_VAR_COUNT] = {
+    [WEFT_ALGO_RHD] = {"rabenseifner", "doubling"},
+    [WEFT_ALGO_TREE] = {"double", "binomial"},
+    [WEFT_ALGO_HIER] = {"ring", "rhd"},
+};
+
+/* "rhd" -> both of rhd's plan bits, "rhd/doubling" -> one; 0 unknown. */
+static unsigned plan_bits(const char *tok, size_t n)
+{
+    const char *slash = memchr(tok, '/', n);
+    size_t fl = slash ? (size_t)(slash - tok) : n;
+    int a = weft_algo_from_name(tok, fl);
+    if (a < 0)
+        return 0;
+    if (!slash)
+        return WEFT_PLAN_FAMILY(a);
+    const char *v = slash + 1;
+    size_t vl = n - fl - 1;
+    for (int i = 0; i < WEFT_VAR_COUNT; i++)
+        if (var_names[a][i] && strncasecmp(v, var_names[a][i], vl) == 0 &&
+            var_names[a][i][vl] == '\0')
+            return WEFT_PLAN_BIT(a, i);
+    return 0;
+}
+
 /* One list ("ring,tree", "^tree") -> mask; false with the bad name. */
 static bool parse_list(const char *tok, size_t len, unsigned *mask, char *bad, size_t badlen)
 {
-    unsigned all = (1u << WEFT_ALGO_COUNT) - 1, named = 0;
+    unsigned named = 0;
     bool exclude = len > 0 && tok[0] == '^';
     for (size_t i = exclude; i < len;) {
         size_t n = 0;
         while (i + n < len && tok[i + n] != ',')
             n++;
         if (n > 0) {
-            int a = weft_algo_from_name(tok + i, n);
-            if (a < 0) {
+            unsigned bits = plan_bits(tok + i, n);
+            if (bits == 0) {
                 snprintf(bad, badlen, "%.*s", (int)WEFT_MIN(n, (size_t)60), tok + i);
                 return false;
             }
-            named |= 1u << a;
+            named |= bits;
         }
         i += n + 1;
     }
-    *mask = exclude ? all & ~named : named;
+    *mask = exclude ? WEFT_PLAN_ALL & ~named : named;
     return true;
 }
 
@@ -57,7 +82,7 @@ weft_status_t weft_tune_parse_algo(const char *spec, unsigned masks[WEFT_COLL_CO
 {
     unsigned m[WEFT_COLL_COUNT];
     for (int c = 0; c < WEFT_COLL_COUNT; c++)
-        m[c] = (1u << WEFT_ALGO_COUNT) - 1;
+        m[c] = WEFT_PLAN_ALL;
     for (const char *e = spec ? spec : ""; *e;) {
         size_t len = strcspn(e, ";");
         const char *colon = memchr(e, ':', len);
@@ -78,7 +103,9 @@ weft_status_t weft_tune_parse_algo(const char *spec, unsigned masks[WEFT_COLL_CO
         if (!parse_list(list, llen, &mask, bad, sizeof(bad)))
             return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
                                     "WEFT_ALGO=%s: unknown algorithm '%s' (available: ring, "
-                                    "tree, rhd, direct, hier)", spec, bad);
+                                    "tree, rhd, direct, hier; variants: rhd/rabenseifner, "
+                                    "rhd/doubling, tree/double, tree/binomial, hier/ring, "
+                                    "hier/rhd)", spec, bad);
         if (mask == 0 && llen > 0)
             return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
                                     "WEFT_ALGO=%s: '%.*s' leaves no algorithm (available: ring, "
@@ -93,39 +120,134 @@ weft_status_t weft_tune_parse_algo(const char *spec, unsigned masks[WEFT_COLL_CO
     return WEFT_OK;
 }
 
-static double cost(struct weft_plan pl, int p, double n)
+const char *weft_plan_name(struct weft_plan pl, char *buf, size_t len)
 {
-    if (pl.algo == WEFT_ALGO_RING) /* reduce-scatter + allgather */
-        return 2.0 * (p - 1) * (ALPHA + n / p * BETA) + (p - 1) * n / p * GAMMA;
-    int lg = 0, pof2 = 1;
-    while (pof2 * 2 <= p) {
-        pof2 *= 2;
-        lg++;
-    }
-    int rounds = lg + (pof2 != p ? 2 : 0);
-    return rounds * (ALPHA + n * BETA) + (lg + (pof2 != p)) * n * GAMMA;
+    const char *v = pl.algo >= 0 && pl.algo < WEFT_ALGO_COUNT && pl.variant >= 0 &&
+                            pl.variant < WEFT_VAR_COUNT
+                        ? var_names[pl.algo][pl.variant]
+                        : NULL;
+    snprintf(buf, len, "%s%s%s", weft_algo_name(pl.algo), v ? "/" : "", v ? v : "");
+    return buf;
 }
 
-struct weft_plan weft_tune_pick(unsigned mask, int coll, int nranks, size_t bytes)
+int weft_tune_class(size_t bytes)
+{
+    if (bytes == 0)
+        return 0;
+    /* Two classes per power of two: [2^k, 1.5 * 2^k) and [1.5 * 2^k, 2^(k+1)). */
+    int k = 63 - __builtin_clzll((unsigned long long)bytes);
+    int half = k >= 1 && ((bytes >> (k - 1)) & 1u);
+    int cls = 1 + 2 * k + half;
+    return cls < WEFT_TUNE_CLASSES ? cls : WEFT_TUNE_CLASSES - 1;
+}
+
+size_t weft_tune_class_bytes(int cls)
+{
+    if (cls <= 0)
+        return 0;
+    int k = (cls - 1) / 2;
+    size_t b = (size_t)1 << k;
+    return (cls - 1) % 2 ? b + b / 2 : b;
+}
+
+static void table_link(const void *ctx, int i, int j, double *alpha, double *beta)
+{
+    struct weft_link l = {0};
+    weft_topo_table_get(ctx, i, j, &l);
+    *alpha = l.alpha;
+    *beta = l.beta;
+}
+
+/* Predicted seconds of plan pl, or INFINITY when it cannot be built. */
+static double predict(const struct weft_tune_in *in, struct weft_plan pl, int coll, size_t bytes,
+                      size_t esize)
+{
+    struct weft_sim_model m = {
+        .link = table_link, .ctx = in->links, .gamma = in->gamma, .copy = in->gamma / 2,
+        .esize = esize,
+    };
+    size_t count = bytes / esize;
+    struct weft_coll_desc d = {
+        .coll = coll, .rank = 0, .nranks = in->nranks, .root = 0, .count = count,
+        .chunk = WEFT_MAX(in->chunk_bytes / esize, 1), .algo = pl.algo, .variant = pl.variant,
+        .node = in->links ? in->links->host : NULL, .nnodes = in->links ? in->links->nhosts : 0,
+    };
+    double t;
+    if (weft_sim_predict(&d, &m, &t) != WEFT_OK || !isfinite(t))
+        return INFINITY;
+    return t;
+}
+
+static struct weft_plan best_of(const struct weft_tune_in *in, unsigned mask, int coll,
+                                size_t bytes, size_t esize, double *seconds)
+{
+    struct weft_plan best = {-1, 0};
+    double tbest = INFINITY;
+    for (int a = 0; a < WEFT_ALGO_COUNT; a++)
+        for (int v = 0; v < WEFT_VAR_COUNT; v++) {
+            if (!(mask & WEFT_PLAN_BIT(a, v)) || !weft_algo_serves(a, v, coll))
+                continue;
+            struct weft_plan pl = {a, v};
+            double t = predict(in, pl, coll, bytes, esize);
+            /* Ties go to the earlier family: the ring first. */
+            if (best.algo < 0 || t < tbest) {
+                best = pl;
+                tbest = t;
+            }
+        }
+    if (seconds)
+        *seconds = tbest;
+    return best;
+}
+
+struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_t bytes,
+                                  size_t esize, double *seconds, bool *fell_back)
 {
     const struct weft_plan ring = {WEFT_ALGO_RING, 0};
-    const struct weft_plan rd = {WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING};
-    const struct weft_plan binomial = {WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL};
-    if (nranks < 2)
+    if (fell_back)
+        *fell_back = false;
+    if (seconds)
+        *seconds = 0;
+    if (in->nranks < 2 || esize == 0)
         return ring;
-    /* tree exists for broadcast only, rd for allreduce only; the ring runs
-     * everything, so a call nothing allowed can serve falls back to it. */
-    /* The binomial tree (ceil(log2 p) hops against the chain's p - 1) is
-     * not picked by itself yet: on this 2-core machine, with ranks sharing
-     * cores, both move the same bytes and the chain measured faster from
-     * 8 KiB (4 ranks) and at every size with 8 ranks.  Choosing it needs
-     * the per-link costs and core counts, not a rank count alone. */
-    if (coll == WEFT_COLL_BROADCAST && (mask & (1u << WEFT_ALGO_TREE)) &&
-        !(mask & (1u << WEFT_ALGO_RING)))
-        return binomial;
-    if (coll != WEFT_COLL_ALLREDUCE || !(mask & (1u << WEFT_ALGO_RHD)))
-        return ring;
-    if (!(mask & (1u << WEFT_ALGO_RING)))
-        return rd;
-    return cost(rd, nranks, (double)bytes) < cost(ring, nranks, (double)bytes) ? rd : ring;
+    struct weft_plan pl = best_of(in, in->mask, coll, bytes, esize, seconds);
+    if (pl.algo < 0) {
+        if (fell_back)
+            *fell_back = true;
+        pl = best_of(in, WEFT_PLAN_ALL, coll, bytes, esize, seconds);
+    }
+    return pl.algo < 0 ? ring : pl;
+}
+
+static int esize_index(size_t esize)
+{
+    return esize >= 8 ? 3 : esize >= 4 ? 2 : esize >= 2 ? 1 : 0;
+}
+
+struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, size_t esize)
+{
+    struct weft_tune_cache *c = &comm->tune;
+    size_t bytes = count > SIZE_MAX / (esize ? esize : 1) ? SIZE_MAX : count * esize;
+    int cls = weft_tune_class(bytes), e = esize_index(esize);
+    int32_t hit = atomic_load_explicit(&c->plan[coll][e][cls], memory_order_relaxed);
+    if (hit & 0x10000)
+        return (struct weft_plan){hit & 0xff, (hit >> 8) & 0xff};
+    struct weft_tune_in in = {
+        .nranks = comm->nranks, .links = &comm->topo, .chunk_bytes = comm->eng->chunk_bytes,
+        .gamma = WEFT_TUNE_GAMMA, .mask = comm->algos[coll],
+    };
+    bool fell_back;
+    double t;
+    size_t cb = weft_tune_class_bytes(cls);
+    struct weft_plan pl = weft_tune_select(&in, coll, cb ? cb : 0, esize, &t, &fell_back);
+    char name[32];
+    if (fell_back && !atomic_exchange(&c->warned[coll], 1))
+        WEFT_INFO(WEFT_SUB_COLL, "WEFT_ALGO allows no algorithm that runs %s: %s chosen "
+                  "automatically", weft_coll_name(coll), weft_plan_name(pl, name, sizeof(name)));
+    WEFT_INFO(WEFT_SUB_COLL, "%s of ~%zu bytes on %d ranks: %s (predicted %.1f us)",
+              weft_coll_name(coll), cb, comm->nranks, weft_plan_name(pl, name, sizeof(name)),
+              t * 1e6);
+    atomic_store_explicit(&c->plan[coll][e][cls], 0x10000 | pl.variant << 8 | pl.algo,
+                          memory_order_relaxed);
+    return pl;
 }

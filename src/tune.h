@@ -1,11 +1,17 @@
 /*
- * tune.h - which algorithm runs a call: the one the cost model predicts
- * fastest among those WEFT_ALGO allows and that exist for the collective.
+ * tune.h - which algorithm runs a call: every algorithm WEFT_ALGO allows
+ * and that builds the collective is run through the schedule simulator
+ * (algorithms/sim.h) on the communicator's link table, and the fastest
+ * prediction wins.  Plans are cached per (collective, size class, element
+ * size), so the simulation runs once per class, not once per call.
  */
 #ifndef WEFT_TUNE_H
 #define WEFT_TUNE_H
 
+#include <stdatomic.h>
+
 #include "internal.h"
+#include "topo.h"
 #include "algorithms/schedule.h"
 
 /* One call's choice. */
@@ -14,19 +20,64 @@ struct weft_plan {
     int variant; /* WEFT_VAR_* */
 };
 
-/* WEFT_ALGO -> per collective, a bit mask of enum weft_algo.  The syntax
+/* Masks hold one bit per (algorithm, variant). */
+#define WEFT_PLAN_BIT(algo, variant) (1u << ((algo) * WEFT_VAR_COUNT + (variant)))
+#define WEFT_PLAN_FAMILY(algo) (((1u << WEFT_VAR_COUNT) - 1) << ((algo) * WEFT_VAR_COUNT))
+#define WEFT_PLAN_ALL ((1u << (WEFT_ALGO_COUNT * WEFT_VAR_COUNT)) - 1)
+
+/* WEFT_ALGO -> per collective, a mask of WEFT_PLAN_BITs.  The syntax
  * is NCCL_ALGO's: a list applies to every collective ("ring,tree",
  * "^tree"), "coll:list" to one, entries separated by ';'
- * ("allreduce:rhd;allgather:ring").  Later entries override earlier ones;
+ * ("allreduce:rhd;allgather:ring").  "family/variant" names one variant
+ * ("rhd/doubling", "tree/binomial").  Later entries override earlier ones;
  * an empty spec allows everything.  Unknown names, and a list that leaves
  * nothing, are errors with a message; masks is unchanged then. */
 weft_status_t weft_tune_parse_algo(const char *spec, unsigned masks[WEFT_COLL_COUNT]) WEFT_HIDDEN;
 /* The collective a name stands for ("allreduce", "reducescatter",
  * "allgather", "broadcast", "reduce"; case-insensitive), or -1. */
 int weft_tune_coll_from_name(const char *name, size_t len) WEFT_HIDDEN;
-/* The plan for one call of coll moving bytes (per rank) over nranks.  An
- * algorithm in mask that cannot serve coll is passed over; when none can,
- * the automatic choice among all (reported once at INFO). */
-struct weft_plan weft_tune_pick(unsigned mask, int coll, int nranks, size_t bytes) WEFT_HIDDEN;
+/* "ring", "rhd/doubling", "tree/binomial", "hier/rhd": how logs, tools and
+ * WEFT_ALGO name a plan. */
+const char *weft_plan_name(struct weft_plan pl, char *buf, size_t len) WEFT_HIDDEN;
+
+/* Seconds per reduced byte: float32 sums ran at 8-11 GB/s on one core here
+ * (reduce.c's vector kernels, data in cache and out of it). */
+#define WEFT_TUNE_GAMMA (1.0 / 9e9)
+
+/* What a choice depends on.  Every rank of a communicator holds the same
+ * inputs (the link table is shared at init), so every rank picks the same. */
+struct weft_tune_in {
+    int nranks;
+    const struct weft_link_table *links; /* costs per pair and the node of each rank */
+    size_t chunk_bytes;                  /* the engine's pipelining unit */
+    double gamma;                        /* seconds per reduced byte (WEFT_TUNE_GAMMA) */
+    unsigned mask;                       /* WEFT_PLAN_BITs allowed for this collective */
+};
+
+/* The fastest predicted plan for coll moving bytes per rank in elements of
+ * esize bytes; *seconds (may be NULL) gets its prediction.  When no allowed
+ * algorithm builds coll, the fastest of all, with *fell_back set. */
+struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_t bytes,
+                                  size_t esize, double *seconds, bool *fell_back) WEFT_HIDDEN;
+
+/* Per-communicator cache of selections, lock-free: entries are written
+ * whole (algo | variant << 8 | valid bit) and computing one twice is
+ * harmless, as both computations give the same plan. */
+#define WEFT_TUNE_CLASSES 96 /* size classes: two per power of two, 0 B .. 2^47 B */
+struct weft_tune_cache {
+    _Atomic int32_t plan[WEFT_COLL_COUNT][4][WEFT_TUNE_CLASSES];
+    _Atomic int warned[WEFT_COLL_COUNT];
+};
+
+/* The size class of a byte count, and the byte count that stands for it. */
+int weft_tune_class(size_t bytes) WEFT_HIDDEN;
+size_t weft_tune_class_bytes(int cls) WEFT_HIDDEN;
+
+struct weft_comm;
+/* The plan for one call on comm (cached; the first call of a class runs the
+ * simulator).  A forced algorithm that cannot build coll falls back to the
+ * automatic choice and says so once per collective at INFO. */
+struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, size_t esize)
+    WEFT_HIDDEN;
 
 #endif /* WEFT_TUNE_H */

@@ -507,8 +507,7 @@ static uint64_t schedule_sends(weft_comm_t comm, const struct call *c)
         .coll = c->coll, .rank = comm->rank, .nranks = comm->nranks, .root = c->root,
         .count = c->count, .chunk = c->count * (size_t)comm->nranks + 1,
     };
-    struct weft_plan pl = weft_tune_pick(comm->algos[c->coll], c->coll, comm->nranks,
-                                         c->count * esize);
+    struct weft_plan pl = weft_tune_pick(comm, c->coll, c->count, esize);
     d.algo = pl.algo;
     d.variant = pl.variant;
     struct weft_schedule s;
@@ -646,7 +645,7 @@ Test(check_verify, plan_and_sequence_and_garbage)
     fp[1].algo = WEFT_ALGO_RHD;
     cr_assert_eq(weft_check_verify(c, fp), WEFT_ERR_MISMATCH);
     cr_expect(strstr(c->last_error, "rank 0 runs it with ring and 524288-byte chunks but rank 1 "
-                                    "with rd and 524288-byte chunks (WEFT_ALGO or "
+                                    "with rhd and 524288-byte chunks (WEFT_ALGO or "
                                     "WEFT_CHUNK_SIZE differ between ranks)") != NULL,
               "%s", c->last_error);
     /* Different sequence numbers: both are named. */

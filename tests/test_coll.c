@@ -593,31 +593,38 @@ static int check_algo(struct tc *c, const struct job *jb)
     if (strcmp(seen, jb->algo ? jb->algo : "") != 0)
         return weft_test_fail(c->rank, "WEFT_ALGO reads '%s' here, the job set '%s'", seen,
                               jb->algo ? jb->algo : "");
-    unsigned all = (1u << WEFT_ALGO_COUNT) - 1;
-    unsigned want = jb->force < 0 ? all : 1u << jb->force;
-    for (int coll = 0; coll < WEFT_COLL_SEND; coll++)
-        if (c->comm->algos[coll] != want)
-            return weft_test_fail(c->rank, "WEFT_ALGO=%s: the communicator allows algorithms "
-                                  "0x%x for %s, expected 0x%x", seen, c->comm->algos[coll],
-                                  weft_coll_name(coll), want);
+    unsigned want[WEFT_COLL_COUNT];
+    if (weft_tune_parse_algo(seen, want) != WEFT_OK)
+        return weft_test_fail(c->rank, "WEFT_ALGO=%s does not parse: %s", seen,
+                              weft_thread_last_error());
+    for (int coll = 0; coll < WEFT_COLL_SEND; coll++) {
+        unsigned fam = jb->force >= 0 ? WEFT_PLAN_FAMILY(jb->force) : want[coll];
+        if (c->comm->algos[coll] != want[coll] || want[coll] != fam)
+            return weft_test_fail(c->rank, "WEFT_ALGO=%s: the communicator allows plans 0x%x "
+                                  "for %s, expected 0x%x", seen, c->comm->algos[coll],
+                                  weft_coll_name(coll), fam);
+    }
     if (c->p == 1)
         return 0; /* one rank: nothing to choose */
+    /* Each call runs an allowed plan whenever one builds the collective,
+     * else a plan that does (the automatic choice). */
     static const size_t sizes[] = {0, 4, 8 * LARGE, (size_t)1 << 30};
-    /* The forced algorithm runs every call it serves; the others fall back. */
-    for (size_t i = 0; jb->force >= 0 && i < WEFT_ARRAY_SIZE(sizes); i++) {
+    for (size_t i = 0; i < WEFT_ARRAY_SIZE(sizes); i++) {
         for (int coll = 0; coll < WEFT_COLL_SEND; coll++) {
-            struct weft_plan got = weft_tune_pick(c->comm->algos[coll], coll, c->p, sizes[i]);
-            bool serves = false;
-            for (int v = 0; v < WEFT_VAR_COUNT; v++)
-                serves |= weft_algo_serves(jb->force, v, coll);
-            if (serves && got.algo != jb->force)
-                return weft_test_fail(c->rank, "WEFT_ALGO=%s: a %s of %zu bytes runs %s", seen,
-                                      weft_coll_name(coll), sizes[i], weft_algo_name(got.algo));
+            struct weft_plan got = weft_tune_pick(c->comm, coll, sizes[i] / 4, 4);
+            bool any = false;
+            for (int a = 0; a < WEFT_ALGO_COUNT; a++)
+                for (int v = 0; v < WEFT_VAR_COUNT; v++)
+                    any |= (want[coll] & WEFT_PLAN_BIT(a, v)) && weft_algo_serves(a, v, coll);
+            char name[32];
+            weft_plan_name(got, name, sizeof(name));
             if (!weft_algo_serves(got.algo, got.variant, coll))
-                return weft_test_fail(c->rank, "WEFT_ALGO=%s: a %s of %zu bytes gets %s "
-                                      "(variant %d), which cannot run it", seen,
-                                      weft_coll_name(coll), sizes[i], weft_algo_name(got.algo),
-                                      got.variant);
+                return weft_test_fail(c->rank, "WEFT_ALGO=%s: a %s of %zu bytes gets %s, which "
+                                      "cannot run it", seen, weft_coll_name(coll), sizes[i], name);
+            if (any && !(want[coll] & WEFT_PLAN_BIT(got.algo, got.variant)))
+                return weft_test_fail(c->rank, "WEFT_ALGO=%s: a %s of %zu bytes runs %s, which "
+                                      "it does not allow", seen, weft_coll_name(coll), sizes[i],
+                                      name);
         }
     }
     return 0;
@@ -771,24 +778,63 @@ Test(coll, ranks_2_chunk_256, .timeout = 200)
     run_ranks(2, 180);
 }
 
-/* The allreduce matrix, bitwise identity and operand order under each
- * algorithm forced (rd serves allreduce only, the others fall back to the
- * ring).  "^rhd,tree,direct,hier" is the exclusion syntax for the same thing as "ring".
- * The tree serves broadcast only: the whole matrix (every broadcast root,
- * size and dtype) runs with it forced. */
-#define ALGO_PARTS "allreduce,bitwise,nan"
-Test(algo, rd_2, .timeout = 200) { run_job(2, 180, "rhd", WEFT_ALGO_RHD, ALGO_PARTS); }
-Test(algo, rd_3, .timeout = 200) { run_job(3, 180, "rhd", WEFT_ALGO_RHD, ALGO_PARTS); }
-Test(algo, rd_4, .timeout = 200) { run_job(4, 180, "rhd", WEFT_ALGO_RHD, ALGO_PARTS); }
-Test(algo, rd_5, .timeout = 200) { run_job(5, 180, "rhd", WEFT_ALGO_RHD, ALGO_PARTS); }
-Test(algo, rd_7, .timeout = 200) { run_job(7, 180, "rhd", WEFT_ALGO_RHD, ALGO_PARTS); }
-Test(algo, rd_8, .timeout = 200) { run_job(8, 180, "rhd", WEFT_ALGO_RHD, ALGO_PARTS); }
-Test(algo, ring_2, .timeout = 200) { run_job(2, 180, "ring", WEFT_ALGO_RING, ALGO_PARTS); }
-Test(algo, ring_3, .timeout = 200) { run_job(3, 180, "^rhd,tree,direct,hier", WEFT_ALGO_RING, ALGO_PARTS); }
-Test(algo, ring_4, .timeout = 200) { run_job(4, 180, "ring", WEFT_ALGO_RING, ALGO_PARTS); }
-Test(algo, ring_5, .timeout = 200) { run_job(5, 180, "^rhd,tree,direct,hier", WEFT_ALGO_RING, ALGO_PARTS); }
-Test(algo, ring_7, .timeout = 200) { run_job(7, 180, "ring", WEFT_ALGO_RING, ALGO_PARTS); }
-Test(algo, ring_8, .timeout = 200) { run_job(8, 180, "ring", WEFT_ALGO_RING, ALGO_PARTS); }
+/* The whole matrix (every collective, size, dtype, op and root), bitwise
+ * identity and operand order under each algorithm family forced, over
+ * shared memory, over tcp alone, and on one machine posing as two hosts
+ * (shm inside each, tcp between: what hier is for).  A collective the
+ * family does not build gets the automatic choice.  Variants are forced
+ * by their own names.  "^rhd,tree,direct,hier" is the exclusion syntax for
+ * the same thing as "ring". */
+#define ALGO_PARTS "matrix,bitwise,nan"
+static void run_forced(int p, const char *transport, const char *hosts, const char *algo,
+                       int force)
+{
+    if (transport)
+        setenv("WEFT_TRANSPORT", transport, 1);
+    if (hosts)
+        setenv("WEFT_TEST_HOSTS", hosts, 1);
+    run_job(p, 180, algo, force, ALGO_PARTS);
+}
+Test(algo, ring_shm_5, .timeout = 200) { run_forced(5, NULL, NULL, "ring", WEFT_ALGO_RING); }
+Test(algo, ring_tcp_3, .timeout = 200)
+{
+    run_forced(3, "tcp", NULL, "^rhd,tree,direct,hier", WEFT_ALGO_RING);
+}
+Test(algo, ring_2_hosts_of_2, .timeout = 200) { run_forced(4, NULL, "2", "ring", WEFT_ALGO_RING); }
+Test(algo, tree_shm_5, .timeout = 200) { run_forced(5, NULL, NULL, "tree", WEFT_ALGO_TREE); }
+Test(algo, tree_tcp_4, .timeout = 200) { run_forced(4, "tcp", NULL, "tree", WEFT_ALGO_TREE); }
+Test(algo, tree_2_hosts_of_2, .timeout = 200) { run_forced(4, NULL, "2", "tree", WEFT_ALGO_TREE); }
+Test(algo, tree_binomial_shm_7, .timeout = 200)
+{
+    run_forced(7, NULL, NULL, "tree/binomial", -1);
+}
+Test(algo, rhd_shm_5, .timeout = 200) { run_forced(5, NULL, NULL, "rhd", WEFT_ALGO_RHD); }
+Test(algo, rhd_tcp_4, .timeout = 200) { run_forced(4, "tcp", NULL, "rhd", WEFT_ALGO_RHD); }
+Test(algo, rhd_2_hosts_of_2, .timeout = 200) { run_forced(4, NULL, "2", "rhd", WEFT_ALGO_RHD); }
+Test(algo, rhd_rabenseifner_shm_7, .timeout = 200)
+{
+    run_forced(7, NULL, NULL, "rhd/rabenseifner", -1);
+}
+Test(algo, rhd_doubling_shm_6, .timeout = 200) { run_forced(6, NULL, NULL, "rhd/doubling", -1); }
+Test(algo, direct_shm_5, .timeout = 200) { run_forced(5, NULL, NULL, "direct", WEFT_ALGO_DIRECT); }
+Test(algo, direct_tcp_4, .timeout = 200) { run_forced(4, "tcp", NULL, "direct", WEFT_ALGO_DIRECT); }
+Test(algo, direct_2_hosts_of_2, .timeout = 200)
+{
+    run_forced(4, NULL, "2", "direct", WEFT_ALGO_DIRECT);
+}
+Test(algo, hier_shm_5, .timeout = 200) { run_forced(5, NULL, NULL, "hier", WEFT_ALGO_HIER); }
+Test(algo, hier_tcp_4, .timeout = 200) { run_forced(4, "tcp", NULL, "hier", WEFT_ALGO_HIER); }
+Test(algo, hier_2_hosts_of_2, .timeout = 200) { run_forced(4, NULL, "2", "hier", WEFT_ALGO_HIER); }
+Test(algo, hier_3_hosts_7_ranks, .timeout = 200)
+{
+    run_forced(7, NULL, "3", "hier", WEFT_ALGO_HIER);
+}
+Test(algo, hier_rhd_2_hosts_of_3, .timeout = 200) { run_forced(6, NULL, "2", "hier/rhd", -1); }
+Test(algo, per_collective_syntax_5, .timeout = 200)
+{
+    run_forced(5, NULL, NULL, "allreduce:rhd;reducescatter:direct;allgather:rhd;broadcast:tree;"
+               "reduce:tree/binomial", -1);
+}
 
 /* Recursive doubling pipelined over many chunks with few staging slots,
  * with ranks folded in and out (5 is not a power of two). */
@@ -796,8 +842,21 @@ Test(algo, rd_5_chunk_4k_slots_2, .timeout = 200)
 {
     setenv("WEFT_CHUNK_SIZE", "4096", 1);
     setenv("WEFT_STAGING_SLOTS", "2", 1);
-    run_job(5, 180, "rhd", WEFT_ALGO_RHD, ALGO_PARTS);
+    run_job(5, 180, "rhd/doubling", -1, ALGO_PARTS);
 }
+
+/* Every family over many chunks and few staging slots, on 7 ranks. */
+static void run_fine(int force)
+{
+    setenv("WEFT_CHUNK_SIZE", "4096", 1);
+    setenv("WEFT_STAGING_SLOTS", "2", 1);
+    run_job(7, 180, weft_algo_name(force), force, "matrix");
+}
+Test(algo, ring_7_chunk_4k_slots_2, .timeout = 200) { run_fine(WEFT_ALGO_RING); }
+Test(algo, tree_7_chunk_4k_slots_2, .timeout = 200) { run_fine(WEFT_ALGO_TREE); }
+Test(algo, rhd_7_chunk_4k_slots_2, .timeout = 200) { run_fine(WEFT_ALGO_RHD); }
+Test(algo, direct_7_chunk_4k_slots_2, .timeout = 200) { run_fine(WEFT_ALGO_DIRECT); }
+Test(algo, hier_7_chunk_4k_slots_2, .timeout = 200) { run_fine(WEFT_ALGO_HIER); }
 
 /* Chunks larger than what the sockets buffer: recursive doubling must not
  * need the kernel to hold a whole chunk while both partners send (the
@@ -806,8 +865,5 @@ Test(algo, rd_small_socket_buffers, .timeout = 100)
 {
     setenv("WEFT_SOCKET_BUFSIZE", "65536", 1);
     setenv("WEFT_TIMEOUT_MS", "10000", 1);
-    run_job(2, 60, "rhd", WEFT_ALGO_RHD, "rdbig");
+    run_job(2, 60, "rhd/doubling", -1, "rdbig");
 }
-Test(algo, tree_3, .timeout = 200) { run_job(3, 180, "tree", WEFT_ALGO_TREE, "matrix"); }
-Test(algo, tree_5, .timeout = 200) { run_job(5, 180, "tree", WEFT_ALGO_TREE, "matrix"); }
-Test(algo, tree_8, .timeout = 200) { run_job(8, 180, "tree", WEFT_ALGO_TREE, "matrix"); }

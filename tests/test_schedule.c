@@ -1160,7 +1160,7 @@ Test(schedule, coll_counts_and_names)
         const char *name;
     } c[] = {
         { WEFT_COLL_ALLREDUCE, 10, 10, "allreduce" },
-        { WEFT_COLL_REDUCE_SCATTER, 40, 10, "reduce_scatter" },
+        { WEFT_COLL_REDUCE_SCATTER, 40, 10, "reducescatter" },
         { WEFT_COLL_ALLGATHER, 10, 40, "allgather" },
         { WEFT_COLL_BROADCAST, 10, 10, "broadcast" },
         { WEFT_COLL_REDUCE, 10, 10, "reduce" },

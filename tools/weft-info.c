@@ -8,6 +8,15 @@
  *   weft-info --table -n N [--hosts K]
  *                              the link table for N ranks in blocks over K hosts
  *                              (named host0..), after WEFT_TRANSPORT and WEFT_TOPO_FILE
+ *   weft-info --plans          per collective, the plans (algorithm/variant)
+ *                              that build it, as WEFT_ALGO and -a name them
+ *   weft-info --tune -n N | --nodes K --ppn M [--alpha-us A] [--gbps B]
+ *             [--inter-alpha-us A] [--inter-gbps B] [--chunk BYTES]
+ *                              the algorithm weft would choose for each
+ *                              collective and size on that topology (links
+ *                              inside a node: shm defaults or the first two
+ *                              flags; between nodes: tcp defaults or the
+ *                              inter flags), with the predictions
  *   weftrun -n N weft-info --job
  *                              joins the job as a rank; rank 0 prints the table
  *                              the communicator really built (hosts, transports
@@ -28,6 +37,7 @@
 #include "src/internal.h"
 #include "src/sock.h"
 #include "src/topo.h"
+#include "src/tune.h"
 
 static void params(bool markdown)
 {
@@ -68,8 +78,46 @@ static bool parse_count(const char *s, long *out)
     return true;
 }
 
-/* weft-info --table -n N [--hosts K]: ranks in contiguous blocks per host,
- * as weftrun and Slurm's block distribution place them. */
+/* The link table of n ranks in contiguous blocks over k hosts (host0..),
+ * as weftrun and Slurm's block distribution place them, after
+ * WEFT_TRANSPORT and WEFT_TOPO_FILE.  Nonzero (said on stderr) on error. */
+static int host_table(long n, long k, struct weft_link_table *tab)
+{
+    char **ids = calloc((size_t)n, sizeof(*ids));
+    char (*names)[32] = calloc((size_t)k, sizeof(*names));
+    int rc = 1;
+    if (ids == NULL || names == NULL) {
+        fprintf(stderr, "weft-info: out of memory\n");
+        goto out;
+    }
+    for (long h = 0; h < k; h++)
+        snprintf(names[h], sizeof(names[h]), "host%ld", h);
+    for (long r = 0; r < n; r++)
+        ids[r] = names[r * k / n];
+    char err[512];
+    unsigned allowed;
+    const char *spec = getenv("WEFT_TRANSPORT"), *file = getenv("WEFT_TOPO_FILE");
+    if (weft_topo_parse_transports(spec ? spec : "", &allowed, err, sizeof(err)) != WEFT_OK ||
+        weft_topo_table_init(tab, (int)n, (const char *const *)ids, allowed, err, sizeof(err)) !=
+            WEFT_OK) {
+        fprintf(stderr, "weft-info: %s\n", err);
+        goto out;
+    }
+    if (file && *file && weft_topo_table_load(tab, file, err, sizeof(err)) != WEFT_OK) {
+        fprintf(stderr, "weft-info: WEFT_TOPO_FILE: %s\n", err);
+        weft_topo_table_fini(tab);
+        goto out;
+    }
+    if (file && *file)
+        printf("topology file: %s\n", file);
+    rc = 0;
+out:
+    free(ids);
+    free(names);
+    return rc;
+}
+
+/* weft-info --table -n N [--hosts K] */
 static int table(int argc, char **argv)
 {
     long n = 0, k = 1;
@@ -88,43 +136,145 @@ static int table(int argc, char **argv)
         fprintf(stderr, "weft-info --table needs -n N (1 or more) and at most N hosts\n");
         return 2;
     }
-    char **ids = calloc((size_t)n, sizeof(*ids));
-    char (*names)[32] = calloc((size_t)k, sizeof(*names));
-    if (ids == NULL || names == NULL) {
-        fprintf(stderr, "weft-info: out of memory\n");
-        free(ids);
-        free(names);
-        return 1;
-    }
-    for (long h = 0; h < k; h++)
-        snprintf(names[h], sizeof(names[h]), "host%ld", h);
-    for (long r = 0; r < n; r++)
-        ids[r] = names[r * k / n];
-    char err[512];
-    unsigned allowed;
     struct weft_link_table tab;
-    int rc = 1;
-    const char *spec = getenv("WEFT_TRANSPORT"), *file = getenv("WEFT_TOPO_FILE");
-    if (weft_topo_parse_transports(spec ? spec : "", &allowed, err, sizeof(err)) != WEFT_OK ||
-        weft_topo_table_init(&tab, (int)n, (const char *const *)ids, allowed, err, sizeof(err)) !=
-            WEFT_OK) {
-        fprintf(stderr, "weft-info: %s\n", err);
-        goto out;
-    }
-    if (file && *file && weft_topo_table_load(&tab, file, err, sizeof(err)) != WEFT_OK) {
-        fprintf(stderr, "weft-info: WEFT_TOPO_FILE: %s\n", err);
-        weft_topo_table_fini(&tab);
-        goto out;
-    }
-    if (file && *file)
-        printf("topology file: %s\n", file);
+    if (host_table(n, k, &tab))
+        return 1;
     weft_topo_table_print(&tab, stdout);
     weft_topo_table_fini(&tab);
-    rc = 0;
-out:
-    free(ids);
-    free(names);
-    return rc;
+    return 0;
+}
+
+static bool parse_real(const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = s ? strtod(s, &end) : 0;
+    if (s == NULL || errno || end == s || *end || !(v >= lo && v <= hi))
+        return false;
+    *out = v;
+    return true;
+}
+
+/* weft-info --plans: per collective, every plan that builds it, by the
+ * names WEFT_ALGO and the perf tools' -a take. */
+static int plans(void)
+{
+    for (int coll = 0; coll < WEFT_COLL_SEND; coll++) {
+        printf("%s:", weft_coll_name(coll));
+        for (int a = 0; a < WEFT_ALGO_COUNT; a++)
+            for (int v = 0; v < WEFT_VAR_COUNT; v++)
+                if (weft_algo_serves(a, v, coll)) {
+                    char b[32];
+                    printf(" %s", weft_plan_name((struct weft_plan){a, v}, b, sizeof(b)));
+                }
+        printf("\n");
+    }
+    return 0;
+}
+
+/* weft-info --tune: what weft_tune_select picks, size by size, for every
+ * collective, with the predictions behind it.  Link costs: the defaults
+ * (shm inside a node, tcp between), WEFT_TOPO_FILE, then the flags. */
+static int tune(int argc, char **argv)
+{
+    long n = 0, nodes = 0, ppn = 0;
+    double a_in = -1, g_in = -1, a_out = -1, g_out = -1, chunk = 524288;
+    for (int i = 2; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = v != NULL;
+        if (strcmp(f, "-n") == 0)
+            ok = ok && parse_count(v, &n);
+        else if (strcmp(f, "--nodes") == 0)
+            ok = ok && parse_count(v, &nodes);
+        else if (strcmp(f, "--ppn") == 0)
+            ok = ok && parse_count(v, &ppn);
+        else if (strcmp(f, "--alpha-us") == 0)
+            ok = ok && parse_real(v, 0, 1e7, &a_in);
+        else if (strcmp(f, "--gbps") == 0)
+            ok = ok && parse_real(v, 1e-6, 1e5, &g_in);
+        else if (strcmp(f, "--inter-alpha-us") == 0)
+            ok = ok && parse_real(v, 0, 1e7, &a_out);
+        else if (strcmp(f, "--inter-gbps") == 0)
+            ok = ok && parse_real(v, 1e-6, 1e5, &g_out);
+        else if (strcmp(f, "--chunk") == 0)
+            ok = ok && parse_real(v, 64, 1 << 30, &chunk);
+        else
+            ok = false;
+        if (!ok) {
+            fprintf(stderr, "weft-info --tune: bad argument '%s'%s%s (expected -n N | --nodes K "
+                    "--ppn M, [--alpha-us A] [--gbps B] [--inter-alpha-us A] [--inter-gbps B] "
+                    "[--chunk BYTES])\n", f, v ? " " : "", v ? v : "");
+            return 2;
+        }
+        i++;
+    }
+    if (nodes || ppn) {
+        if (!nodes || !ppn || (n && n != nodes * ppn)) {
+            fprintf(stderr, "weft-info --tune: --nodes K and --ppn M go together, and -n, when "
+                    "given, must be K * M\n");
+            return 2;
+        }
+        n = nodes * ppn;
+    } else {
+        nodes = 1;
+    }
+    if (n < 1) {
+        fprintf(stderr, "weft-info --tune needs -n N or --nodes K --ppn M\n");
+        return 2;
+    }
+    struct weft_link_table tab;
+    if (host_table(n, nodes, &tab))
+        return 1;
+    if (a_in >= 0 || g_in > 0)
+        weft_topo_table_set_default(&tab, WEFT_LINK_SHM,
+                                    a_in >= 0 ? a_in * 1e-6 : tab.alpha[WEFT_LINK_SHM],
+                                    g_in > 0 ? 1e-9 / g_in : tab.beta[WEFT_LINK_SHM]);
+    if (a_out >= 0 || g_out > 0)
+        weft_topo_table_set_default(&tab, WEFT_LINK_TCP,
+                                    a_out >= 0 ? a_out * 1e-6 : tab.alpha[WEFT_LINK_TCP],
+                                    g_out > 0 ? 1e-9 / g_out : tab.beta[WEFT_LINK_TCP]);
+    unsigned masks[WEFT_COLL_COUNT];
+    const char *algo = getenv("WEFT_ALGO");
+    if (weft_tune_parse_algo(algo ? algo : "", masks) != WEFT_OK) {
+        fprintf(stderr, "weft-info: %s\n", weft_thread_last_error());
+        weft_topo_table_fini(&tab);
+        return 2;
+    }
+    printf("selection for %ld ranks on %ld node%s (%ld per node); links: inside a node %s "
+           "alpha %.2f us %.2f GB/s, between nodes alpha %.2f us %.2f GB/s; chunk %.0f B\n",
+           n, nodes, nodes > 1 ? "s" : "", n / nodes,
+           weft_link_transport_name(tab.allowed & (1u << WEFT_LINK_SHM) ? WEFT_LINK_SHM
+                                                                          : WEFT_LINK_TCP),
+           tab.alpha[WEFT_LINK_SHM] * 1e6, 1e-9 / tab.beta[WEFT_LINK_SHM],
+           tab.alpha[WEFT_LINK_TCP] * 1e6, 1e-9 / tab.beta[WEFT_LINK_TCP], chunk);
+    for (int coll = 0; coll < WEFT_COLL_SEND; coll++) {
+        printf("\n%s (float32)\n%12s  %-18s %12s  %-18s %12s\n", weft_coll_name(coll), "bytes",
+               "chosen", "predicted us", "runner-up", "its us");
+        for (size_t bytes = 8; bytes <= ((size_t)64 << 20); bytes *= 4) {
+            struct weft_tune_in in = {
+                .nranks = (int)n, .links = &tab, .chunk_bytes = (size_t)chunk,
+                .gamma = WEFT_TUNE_GAMMA, .mask = masks[coll],
+            };
+            double t, t2 = 0;
+            bool fell;
+            struct weft_plan pl = weft_tune_select(&in, coll, bytes, 4, &t, &fell), p2 = {-1, 0};
+            /* The runner-up: the best with the winner taken out. */
+            in.mask &= ~WEFT_PLAN_BIT(pl.algo, pl.variant);
+            if (in.mask && n > 1) {
+                p2 = weft_tune_select(&in, coll, bytes, 4, &t2, &fell);
+                if (fell)
+                    p2.algo = -1;
+            }
+            char a[32], b[32];
+            printf("%12zu  %-18s %12.2f  %-18s", bytes, weft_plan_name(pl, a, sizeof(a)), t * 1e6,
+                   p2.algo >= 0 ? weft_plan_name(p2, b, sizeof(b)) : "-");
+            if (p2.algo >= 0)
+                printf(" %12.2f", t2 * 1e6);
+            printf("\n");
+        }
+    }
+    weft_topo_table_fini(&tab);
+    return 0;
 }
 
 static const char *yes(int v)
@@ -212,13 +362,17 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && strcmp(argv[1], "--topo") == 0)
         return topo();
+    if (argc == 2 && strcmp(argv[1], "--plans") == 0)
+        return plans();
+    if (argc > 1 && strcmp(argv[1], "--tune") == 0)
+        return tune(argc, argv);
     if (argc > 1 && strcmp(argv[1], "--table") == 0)
         return table(argc, argv);
     if (argc == 2 && strcmp(argv[1], "--job") == 0)
         return job();
     if (argc > 1) {
-        fprintf(stderr, "usage: weft-info [--params | --params-md | --topo | --table -n N "
-                        "[--hosts K] | --job (under weftrun)]\n");
+        fprintf(stderr, "usage: weft-info [--params | --params-md | --topo | --plans | --table -n N "
+                        "[--hosts K] | --tune -n N | --tune --nodes K --ppn M | --job (under weftrun)]\n");
         return 2;
     }
 #ifdef HAVE_VERBS

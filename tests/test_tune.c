@@ -1,0 +1,130 @@
+/*
+ * test_tune.c - selection: WEFT_ALGO's syntax (NCCL_ALGO's, per collective,
+ * variants), plan names, size classes, and what weft_tune_select picks on
+ * link tables whose answer is known.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "algorithms/schedule.h"
+#include "topo.h"
+#include "tune.h"
+
+#define ALL WEFT_PLAN_ALL
+#define FAM(a) WEFT_PLAN_FAMILY(WEFT_ALGO_##a)
+
+static void expect_masks(const char *spec, const unsigned want[WEFT_COLL_COUNT])
+{
+    unsigned got[WEFT_COLL_COUNT];
+    weft_status_t st = weft_tune_parse_algo(spec, got);
+    cr_assert_eq(st, WEFT_OK, "'%s': %s", spec, weft_thread_last_error());
+    for (int c = 0; c < WEFT_COLL_COUNT; c++)
+        cr_expect_eq(got[c], want[c], "'%s' %s: 0x%x, want 0x%x", spec, weft_coll_name(c), got[c],
+                     want[c]);
+}
+
+static void expect_same(const char *spec, unsigned mask)
+{
+    unsigned want[WEFT_COLL_COUNT];
+    for (int c = 0; c < WEFT_COLL_COUNT; c++)
+        want[c] = mask;
+    expect_masks(spec, want);
+}
+
+Test(parse, lists_apply_to_every_collective)
+{
+    expect_same("", ALL);
+    expect_same("ring", FAM(RING));
+    expect_same("Ring,TREE", FAM(RING) | FAM(TREE));
+    expect_same("^tree", ALL & ~FAM(TREE));
+    expect_same("^rhd,tree,direct,hier", FAM(RING));
+    expect_same("rhd/doubling", WEFT_PLAN_BIT(WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING));
+    expect_same("tree/binomial,hier/rhd",
+                WEFT_PLAN_BIT(WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL) |
+                    WEFT_PLAN_BIT(WEFT_ALGO_HIER, WEFT_VAR_HIER_RHD));
+    expect_same("^rhd/rabenseifner", ALL & ~WEFT_PLAN_BIT(WEFT_ALGO_RHD, 0));
+    expect_same("ring,,ring,", FAM(RING));
+}
+
+Test(parse, per_collective_entries)
+{
+    unsigned want[WEFT_COLL_COUNT];
+    for (int c = 0; c < WEFT_COLL_COUNT; c++)
+        want[c] = ALL;
+    want[WEFT_COLL_ALLREDUCE] = FAM(RHD);
+    want[WEFT_COLL_ALLGATHER] = FAM(RING);
+    expect_masks("allreduce:rhd;allgather:ring", want);
+    /* A later entry overrides an earlier one; a plain list sets all. */
+    for (int c = 0; c < WEFT_COLL_COUNT; c++)
+        want[c] = FAM(TREE);
+    want[WEFT_COLL_BROADCAST] = FAM(DIRECT) | FAM(RING);
+    expect_masks("tree;broadcast:direct,ring", want);
+    want[WEFT_COLL_BROADCAST] = FAM(TREE);
+    want[WEFT_COLL_REDUCE_SCATTER] = ALL & ~FAM(HIER);
+    expect_masks("broadcast:ring;tree;ReduceScatter:^hier;", want);
+}
+
+static void expect_refused(const char *spec, const char *needle)
+{
+    unsigned m[WEFT_COLL_COUNT];
+    for (int c = 0; c < WEFT_COLL_COUNT; c++)
+        m[c] = 0x5a;
+    cr_assert_eq(weft_tune_parse_algo(spec, m), WEFT_ERR_INVALID_ARG, "'%s' parsed", spec);
+    const char *msg = weft_thread_last_error();
+    cr_expect(strstr(msg, needle) != NULL, "'%s': message '%s' lacks '%s'", spec, msg, needle);
+    cr_expect(strncmp(msg, "WEFT_ALGO=", 10) == 0, "'%s': '%s'", spec, msg);
+    for (int c = 0; c < WEFT_COLL_COUNT; c++)
+        cr_expect_eq(m[c], 0x5au, "'%s' changed the masks", spec);
+}
+
+Test(parse, refusals_name_what_is_wrong)
+{
+    expect_refused("nvls", "unknown algorithm 'nvls'");
+    expect_refused("ring,rd", "unknown algorithm 'rd'");
+    expect_refused("rhd/fast", "unknown algorithm 'rhd/fast'");
+    expect_refused("ring/doubling", "unknown algorithm 'ring/doubling'");
+    expect_refused("alltoall:ring", "unknown collective 'alltoall'");
+    expect_refused("^ring,tree,rhd,direct,hier", "leaves no algorithm");
+    expect_refused("allreduce:ring;broadcast:^ring,tree,rhd,direct,hier", "leaves no algorithm");
+    expect_refused(":ring", "unknown collective ''");
+}
+
+Test(names, plans_print_as_they_parse)
+{
+    char b[32];
+    struct weft_plan pls[] = {
+        {WEFT_ALGO_RING, 0}, {WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING},
+        {WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL}, {WEFT_ALGO_HIER, WEFT_VAR_HIER_RHD},
+        {WEFT_ALGO_DIRECT, 0}, {WEFT_ALGO_RHD, WEFT_VAR_RHD_RABENSEIFNER},
+    };
+    const char *want[] = {"ring", "rhd/doubling", "tree/binomial", "hier/rhd", "direct",
+                          "rhd/rabenseifner"};
+    for (size_t i = 0; i < sizeof(pls) / sizeof(pls[0]); i++) {
+        cr_expect_str_eq(weft_plan_name(pls[i], b, sizeof(b)), want[i]);
+        unsigned m[WEFT_COLL_COUNT];
+        cr_assert_eq(weft_tune_parse_algo(b, m), WEFT_OK, "%s", b);
+        cr_expect_eq(m[0], WEFT_PLAN_BIT(pls[i].algo, pls[i].variant), "%s", b);
+    }
+    cr_expect_eq(weft_tune_coll_from_name("ReduceScatter", 13), WEFT_COLL_REDUCE_SCATTER);
+    cr_expect_eq(weft_tune_coll_from_name("reduce", 6), WEFT_COLL_REDUCE);
+    cr_expect_eq(weft_tune_coll_from_name("reduc", 5), -1);
+}
+
+Test(classes, two_per_octave_and_monotonic)
+{
+    cr_expect_eq(weft_tune_class(0), 0);
+    cr_expect_eq(weft_tune_class_bytes(0), 0u);
+    int prev = 0;
+    for (size_t b = 1; b < ((size_t)1 << 40); b = b * 5 / 4 + 1) {
+        int c = weft_tune_class(b);
+        cr_assert(c >= prev && c < WEFT_TUNE_CLASSES, "%zu -> %d after %d", b, c, prev);
+        size_t rep = weft_tune_class_bytes(c);
+        /* The representative lies within the class, at its low end. */
+        cr_assert(rep <= b && weft_tune_class(rep) == c, "%zu -> class %d -> %zu", b, c, rep);
+        cr_assert(b < 2 * rep, "%zu is more than an octave above %zu", b, rep);
+        prev = c;
+    }
+    cr_expect_eq(weft_tune_class(SIZE_MAX), WEFT_TUNE_CLASSES - 1);
+}
