@@ -80,6 +80,8 @@ struct hier {
     int32_t *dl; /* deps being collected for one step */
     size_t ndl, capdl;
     struct weft_schedule sub;
+    const int *hint_ranks; /* a group whose index of this rank is known: hint_me */
+    int hint_me;
 };
 
 static weft_status_t nomem(const char *what)
@@ -344,9 +346,12 @@ static weft_status_t hier_phase(struct hier *h, int how, int coll, const int *ra
                                 int flags)
 {
     int me = -1;
-    for (int i = 0; i < n; i++)
-        if (ranks[i] == h->rank)
-            me = i;
+    if (ranks == h->hint_ranks)
+        me = h->hint_me;
+    else
+        for (int i = 0; i < n; i++)
+            if (ranks[i] == h->rank)
+                me = i;
     if (me < 0 || count == 0)
         return WEFT_OK;
     struct weft_coll_desc sd = {
@@ -509,7 +514,11 @@ static weft_status_t build_reduce_scatter(struct hier *h)
                               HIER_KEEP_FINAL));
     } else {
         int b0 = 0, b1 = 0, j;
-        while (next_run(h, &b0, &b1, &j, true)) {
+        /* Only leaders take part; a leader's place among them is its node's
+         * (one search per run made large node counts quadratic per run). */
+        h->hint_ranks = lead;
+        h->hint_me = h->me;
+        while (leader && next_run(h, &b0, &b1, &j, true)) {
             bool mine = j == h->me && b0 == h->rank;
             struct hier_place at[3] = {
                 PLACE(part.buf, part.off + (size_t)b0 * R),
@@ -519,6 +528,7 @@ static weft_status_t build_reduce_scatter(struct hier *h)
             WEFT_CHECK(hier_phase(h, SUB_RING, WEFT_COLL_REDUCE, lead, h->nn, j,
                                   (size_t)(b1 - b0) * R, at, HIER_KEEP_FINAL));
         }
+        h->hint_ranks = NULL;
     }
     struct hier_place sc[3] = {PLACE(WEFT_BUF_SCRATCH, q), PLACE(WEFT_BUF_RECV, 0), ALLOC};
     return hier_phase(h, rhd ? SUB_SCATTER : SUB_SCATTER_NO_OWN, WEFT_COLL_REDUCE_SCATTER, node,
@@ -547,12 +557,15 @@ static weft_status_t build_allgather(struct hier *h)
     WEFT_CHECK(hier_phase(h, SUB_GATHER, WEFT_COLL_ALLGATHER, node, ln, 0, S, ga, 0));
     const int *lead = heads(h, -1);
     int b0 = 0, b1 = 0, j;
-    while (next_run(h, &b0, &b1, &j, false)) {
+    h->hint_ranks = lead;
+    h->hint_me = h->me;
+    while (h->li == 0 && next_run(h, &b0, &b1, &j, false)) {
         struct hier_place at[3] = {PLACE(WEFT_BUF_RECV, (size_t)b0 * S),
                                    PLACE(WEFT_BUF_RECV, (size_t)b0 * S), ALLOC};
         WEFT_CHECK(hier_phase(h, rhd ? SUB_TREE : SUB_RING, WEFT_COLL_BROADCAST, lead, h->nn, j,
                               (size_t)(b1 - b0) * S, at, 0));
     }
+    h->hint_ranks = NULL;
     struct hier_place bc[3] = {PLACE(WEFT_BUF_RECV, 0), PLACE(WEFT_BUF_RECV, 0), ALLOC};
     return hier_phase(h, SUB_RING, WEFT_COLL_BROADCAST, node, ln, 0, S * (size_t)h->p, bc, 0);
 }

@@ -167,9 +167,13 @@ static double predict(const struct weft_tune_in *in, struct weft_plan pl, int co
         .esize = esize,
     };
     size_t count = bytes / esize;
+    /* At most ~16 chunks a message: the simulation's cost grows with the
+     * steps, and deeper pipelines change the prediction little (the first
+     * selections of a job with 4 KiB chunks spent seconds simulating). */
+    size_t chunk = WEFT_MAX(in->chunk_bytes / esize, count / 16);
     struct weft_coll_desc d = {
         .coll = coll, .rank = 0, .nranks = in->nranks, .root = 0, .count = count,
-        .chunk = WEFT_MAX(in->chunk_bytes / esize, 1), .algo = pl.algo, .variant = pl.variant,
+        .chunk = WEFT_MAX(chunk, 1), .algo = pl.algo, .variant = pl.variant,
         .node = in->links ? in->links->host : NULL, .nnodes = in->links ? in->links->nhosts : 0,
     };
     double t;
