@@ -64,6 +64,8 @@ struct sim {
     uint32_t *dfirst;  /* (n + 1) CSR offsets of each step's dependents */
     uint32_t *dlist;   /* dependents */
     double *sport, *rport, *cpu; /* (p) when each resource is free next, seconds */
+    double *core;      /* with cpu_group: when each core is free next, group by group */
+    size_t *core_off;  /* (groups + 1) first core of each group */
     struct event *heap;
     size_t hn, hcap;
     uint32_t *queue; /* (n) steps ready to post, FIFO */
@@ -399,12 +401,30 @@ static void enqueue_if_ready(struct sim *s, uint32_t g)
     }
 }
 
-/* Step g takes its rank's CPU for cost seconds, from t or when it is free. */
+/* The core of rank r's machine that is free first (cpu_group set). */
+static double *first_core(struct sim *s, int r)
+{
+    int g = s->m->cpu_group[r];
+    double *best = &s->core[s->core_off[g]];
+    for (size_t c = s->core_off[g] + 1; c < s->core_off[g + 1]; c++)
+        if (s->core[c] < *best)
+            best = &s->core[c];
+    return best;
+}
+
+/* Step g takes its rank's CPU (and, cores shared, a core of its machine)
+ * for cost seconds, from t or when they are free. */
 static weft_status_t run_cpu(struct sim *s, uint32_t g, double t, double cost)
 {
     struct sstep *x = &s->st[g];
-    double end = max2(t, s->cpu[x->rank]) + cost;
+    double *core = s->core ? first_core(s, x->rank) : NULL;
+    double end = max2(t, s->cpu[x->rank]);
+    if (core)
+        end = max2(end, *core);
+    end += cost;
     s->cpu[x->rank] = end;
+    if (core)
+        *core = end;
     x->state = ST_CPU;
     return heap_push(s, end, g);
 }
@@ -438,8 +458,16 @@ static weft_status_t transfer(struct sim *s, uint32_t snd, double t)
                           "sim: the link %d -> %d costs alpha %g s, beta %g s/B (need finite, >= 0)",
                           a->rank, b->rank, alpha, beta);
     double start = max2(t, max2(s->sport[a->rank], s->rport[b->rank]));
+    /* Within a machine a core copies the bytes. */
+    double *core = s->core && s->m->cpu_group[a->rank] == s->m->cpu_group[b->rank]
+                       ? first_core(s, b->rank)
+                       : NULL;
+    if (core)
+        start = max2(start, *core);
     double end = start + alpha + a->bytes * beta;
     s->sport[a->rank] = s->rport[b->rank] = end;
+    if (core)
+        *core = end;
     a->state = b->state = ST_MOVING;
     return heap_push(s, end, rcv);
 }
@@ -587,12 +615,45 @@ weft_status_t weft_sim_predict(const struct weft_coll_desc *tmpl, const struct w
         st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot allocate state for %d ranks", s.p);
         goto out;
     }
+    if (m->cpu_group) {
+        int groups = 0;
+        for (size_t r = 0; r < p; r++) {
+            if (m->cpu_group[r] < 0 || m->cpu_group[r] >= s.p) {
+                st = weft_error(NULL, WEFT_ERR_INVALID_ARG, "sim: rank %zu is in cpu group %d",
+                                r, m->cpu_group[r]);
+                goto out;
+            }
+            groups = m->cpu_group[r] + 1 > groups ? m->cpu_group[r] + 1 : groups;
+        }
+        s.core_off = malloc(((size_t)groups + 1) * sizeof(*s.core_off));
+        if (!s.core_off) {
+            st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot allocate %d core groups", groups);
+            goto out;
+        }
+        s.core_off[0] = 0;
+        for (int g = 0; g < groups; g++) {
+            int c = m->group_cores ? m->group_cores[g] : 1;
+            if (c < 1 || c > 1 << 20) {
+                st = weft_error(NULL, WEFT_ERR_INVALID_ARG, "sim: cpu group %d has %d cores", g, c);
+                goto out;
+            }
+            s.core_off[g + 1] = s.core_off[g] + (size_t)c;
+        }
+        s.core = calloc(s.core_off[groups] ? s.core_off[groups] : 1, sizeof(double));
+        if (!s.core) {
+            st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot allocate %zu cores",
+                            s.core_off[groups]);
+            goto out;
+        }
+    }
     WEFT_CHECK_GOTO(load(&s, tmpl), st, out);
     WEFT_CHECK_GOTO(match(&s), st, out);
     WEFT_CHECK_GOTO(index_deps(&s), st, out);
     WEFT_CHECK_GOTO(run(&s), st, out);
     *seconds = s.finish;
 out:
+    free(s.core);
+    free(s.core_off);
     free(s.ready);
     free(s.queue);
     free(s.heap);

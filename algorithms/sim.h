@@ -21,6 +21,14 @@ struct weft_sim_model {
     double gamma; /* s per byte reduced (RECV_REDUCE), on the receiving rank */
     double copy;  /* s per byte of a COPY step */
     size_t esize; /* bytes per element, >= 1 */
+    /* Shared cores (NULL: a CPU of its own for every rank).  Ranks with the
+     * same cpu_group[r] run on one machine's group_cores[cpu_group[r]]
+     * cores: their reduces and copies, and every message between two of
+     * them (shared memory: a CPU copies it), each take one of those cores
+     * for their duration, so more ranks than cores slow whatever runs at
+     * once.  Groups are numbered from 0 and have at least one core. */
+    const int *cpu_group;
+    const int *group_cores;
 };
 
 /* Predicted seconds for the collective tmpl describes (tmpl->rank is ignored:
@@ -41,7 +49,9 @@ struct weft_sim_model {
  * - A RECV_REDUCE then costs bytes * gamma of the receiving rank's CPU, a
  *   COPY bytes * copy (even one whose source and destination coincide);
  *   one CPU per rank runs them one at a time, in the order they become
- *   ready.  Staging slots are unlimited.
+ *   ready.  With cpu_group set, each also needs a free core of its
+ *   machine, and so does a message between two ranks of one machine.
+ *   Staging slots are unlimited.
  * *seconds gets the time the last step of any rank completes (0 when no
  * rank has a step).  Errors: WEFT_ERR_INVALID_ARG for a bad tmpl or model
  * (nranks < 1, NULL model, a cost not finite or negative), a schedule

@@ -27,6 +27,7 @@ struct rank_info {
     uint32_t check;      /* WEFT_CHECK: every rank must agree */
     union weft_sockaddr rescue; /* shrink's rendezvous listener */
     uint32_t pid;
+    uint32_t cores;      /* CPUs this rank may run on (selection's model) */
     uint32_t taddr_len;
     uint8_t taddr[WEFT_TRANSPORT_ADDR_MAX];
 };
@@ -169,10 +170,54 @@ const char *weft_last_error(weft_comm_t comm)
     return weft_comm_last_error_copy(comm, buf, sizeof(buf));
 }
 
+static const struct rank_info *sort_all; /* cmp_machine's table (under sort_mu) */
+static pthread_mutex_t sort_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int cmp_machine(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    int c = strcmp(sort_all[x].machine, sort_all[y].machine);
+    return c ? c : (x > y) - (x < y);
+}
+
+/* Which ranks share a machine's cores, and how many cores it has (the
+ * fewest any of its ranks may use): selection's model needs them, and all
+ * ranks compute the same from the same table. */
+static weft_status_t cpu_groups(struct weft_comm *comm, const struct rank_info *all)
+{
+    int n = comm->nranks;
+    int *order = malloc((size_t)n * sizeof(int));
+    comm->cpu_group = malloc((size_t)n * sizeof(int));
+    comm->group_cores = malloc((size_t)n * sizeof(int));
+    if (!order || !comm->cpu_group || !comm->group_cores) {
+        free(order);
+        return weft_error(NULL, WEFT_ERR_NO_MEMORY, "cannot allocate core groups for %d ranks", n);
+    }
+    for (int r = 0; r < n; r++)
+        order[r] = r;
+    pthread_mutex_lock(&sort_mu);
+    sort_all = all;
+    qsort(order, (size_t)n, sizeof(int), cmp_machine);
+    pthread_mutex_unlock(&sort_mu);
+    int g = -1;
+    for (int k = 0; k < n; k++) {
+        int r = order[k];
+        int cores = all[r].cores >= 1 && all[r].cores <= (1u << 20) ? (int)all[r].cores : 1;
+        if (k == 0 || strcmp(all[r].machine, all[order[k - 1]].machine) != 0)
+            comm->group_cores[++g] = cores;
+        comm->cpu_group[r] = g;
+        comm->group_cores[g] = WEFT_MIN(comm->group_cores[g], cores);
+    }
+    free(order);
+    return WEFT_OK;
+}
+
 static void comm_free(struct weft_comm *comm)
 {
     if (comm == NULL)
         return;
+    free(comm->cpu_group);
+    free(comm->group_cores);
     weft_engine_destroy(comm->eng);
     for (int i = 0; i < comm->ntp; i++)
         comm->tp[i].ops->finalize(comm->tp[i].ctx);
@@ -426,6 +471,8 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     WEFT_CHECK_GOTO(weft_sock_pick_iface(&uid->root, &targs.local, ifname, sizeof(ifname)), st,
                     fail);
     struct rank_info me = {.pid = (uint32_t)getpid()};
+    cpu_set_t cpus;
+    me.cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? (uint32_t)CPU_COUNT(&cpus) : 1;
     host_identity(me.host, sizeof(me.host), false);
     host_identity(me.machine, sizeof(me.machine), true);
     me.check = weft_param_int("WEFT_CHECK") != 0;
@@ -469,6 +516,11 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
             weft_tcp_ops.finalize(tcp_ctx);
             goto fail;
         }
+    }
+    st = cpu_groups(comm, all);
+    if (st != WEFT_OK) {
+        weft_tcp_ops.finalize(tcp_ctx);
+        goto fail;
     }
     if (weft_param_int("WEFT_BIND"))
         bind_cpu(rank, below, local);

@@ -34,6 +34,8 @@ struct weft_comm {
     uint64_t timeout_ns;               /* WEFT_TIMEOUT_MS */
     unsigned algos[WEFT_COLL_COUNT];   /* WEFT_ALGO: per collective, WEFT_PLAN_BITs */
     struct weft_tune_cache tune;       /* plans chosen so far (tune.c) */
+    int *cpu_group;                    /* (nranks) ranks sharing a machine's cores, from 0 */
+    int *group_cores;                  /* cores of each such machine */
     _Atomic int deterministic;         /* WEFT_DETERMINISTIC / weft_comm_set_deterministic:
                                           reducing collectives run the ordered chain */
     struct weft_bootstrap *bs;

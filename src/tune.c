@@ -164,7 +164,7 @@ static double predict(const struct weft_tune_in *in, struct weft_plan pl, int co
 {
     struct weft_sim_model m = {
         .link = table_link, .ctx = in->links, .gamma = in->gamma, .copy = in->gamma / 2,
-        .esize = esize,
+        .esize = esize, .cpu_group = in->cpu_group, .group_cores = in->group_cores,
     };
     size_t count = bytes / esize;
     /* At most ~16 chunks a message: the simulation's cost grows with the
@@ -238,7 +238,8 @@ struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, 
         return (struct weft_plan){hit & 0xff, (hit >> 8) & 0xff};
     struct weft_tune_in in = {
         .nranks = comm->nranks, .links = &comm->topo, .chunk_bytes = comm->eng->chunk_bytes,
-        .gamma = WEFT_TUNE_GAMMA, .mask = comm->algos[coll],
+        .gamma = WEFT_TUNE_GAMMA, .mask = comm->algos[coll], .cpu_group = comm->cpu_group,
+        .group_cores = comm->group_cores,
     };
     bool fell_back;
     double t;

@@ -52,6 +52,7 @@ struct weft_tune_in {
     size_t chunk_bytes;                  /* the engine's pipelining unit */
     double gamma;                        /* seconds per reduced byte (WEFT_TUNE_GAMMA) */
     unsigned mask;                       /* WEFT_PLAN_BITs allowed for this collective */
+    const int *cpu_group, *group_cores;  /* who shares cores (NULL: a core per rank) */
 };
 
 /* The fastest predicted plan for coll moving bytes per rank in elements of

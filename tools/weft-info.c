@@ -11,18 +11,21 @@
  *   weft-info --plans          per collective, the plans (algorithm/variant)
  *                              that build it, as WEFT_ALGO and -a name them
  *   weft-info --tune -n N | --nodes K --ppn M [--alpha-us A] [--gbps B]
- *             [--inter-alpha-us A] [--inter-gbps B] [--chunk BYTES]
+ *             [--inter-alpha-us A] [--inter-gbps B] [--chunk BYTES] [--cores C]
  *                              the algorithm weft would choose for each
  *                              collective and size on that topology (links
  *                              inside a node: shm defaults or the first two
  *                              flags; between nodes: tcp defaults or the
- *                              inter flags), with the predictions
+ *                              inter flags; on this host its ranks share
+ *                              its cores, else --cores per node or a core
+ *                              per rank), with the predictions
  *   weftrun -n N weft-info --job
  *                              joins the job as a rank; rank 0 prints the table
  *                              the communicator really built (hosts, transports
  *                              per pair, calibrated costs)
  */
 #include <dirent.h>
+#include <sched.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -177,7 +180,7 @@ static int plans(void)
  * (shm inside a node, tcp between), WEFT_TOPO_FILE, then the flags. */
 static int tune(int argc, char **argv)
 {
-    long n = 0, nodes = 0, ppn = 0;
+    long n = 0, nodes = 0, ppn = 0, cores = 0;
     double a_in = -1, g_in = -1, a_out = -1, g_out = -1, chunk = 524288;
     for (int i = 2; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -198,12 +201,14 @@ static int tune(int argc, char **argv)
             ok = ok && parse_real(v, 1e-6, 1e5, &g_out);
         else if (strcmp(f, "--chunk") == 0)
             ok = ok && parse_real(v, 64, 1 << 30, &chunk);
+        else if (strcmp(f, "--cores") == 0)
+            ok = ok && parse_count(v, &cores);
         else
             ok = false;
         if (!ok) {
             fprintf(stderr, "weft-info --tune: bad argument '%s'%s%s (expected -n N | --nodes K "
                     "--ppn M, [--alpha-us A] [--gbps B] [--inter-alpha-us A] [--inter-gbps B] "
-                    "[--chunk BYTES])\n", f, v ? " " : "", v ? v : "");
+                    "[--chunk BYTES] [--cores C])\n", f, v ? " " : "", v ? v : "");
             return 2;
         }
         i++;
@@ -217,6 +222,10 @@ static int tune(int argc, char **argv)
         n = nodes * ppn;
     } else {
         nodes = 1;
+        /* This host: its ranks share the cores this process may use. */
+        cpu_set_t set;
+        if (cores == 0 && sched_getaffinity(0, sizeof(set), &set) == 0)
+            cores = CPU_COUNT(&set);
     }
     if (n < 1) {
         fprintf(stderr, "weft-info --tune needs -n N or --nodes K --ppn M\n");
@@ -233,27 +242,49 @@ static int tune(int argc, char **argv)
         weft_topo_table_set_default(&tab, WEFT_LINK_TCP,
                                     a_out >= 0 ? a_out * 1e-6 : tab.alpha[WEFT_LINK_TCP],
                                     g_out > 0 ? 1e-9 / g_out : tab.beta[WEFT_LINK_TCP]);
+    int *group = NULL, *group_cores = NULL;
+    if (cores > 0) {
+        group = calloc((size_t)n, sizeof(int));
+        group_cores = calloc((size_t)nodes, sizeof(int));
+        if (!group || !group_cores) {
+            fprintf(stderr, "weft-info: out of memory\n");
+            free(group);
+            free(group_cores);
+            weft_topo_table_fini(&tab);
+            return 1;
+        }
+        for (long r = 0; r < n; r++)
+            group[r] = tab.host[r];
+        for (long h = 0; h < nodes; h++)
+            group_cores[h] = (int)cores;
+    }
     unsigned masks[WEFT_COLL_COUNT];
     const char *algo = getenv("WEFT_ALGO");
     if (weft_tune_parse_algo(algo ? algo : "", masks) != WEFT_OK) {
         fprintf(stderr, "weft-info: %s\n", weft_thread_last_error());
         weft_topo_table_fini(&tab);
+        free(group);
+        free(group_cores);
         return 2;
     }
+    char cores_text[64] = "a core per rank";
+    if (cores > 0)
+        snprintf(cores_text, sizeof(cores_text), "%ld cores per node", cores);
     printf("selection for %ld ranks on %ld node%s (%ld per node); links: inside a node %s "
-           "alpha %.2f us %.2f GB/s, between nodes alpha %.2f us %.2f GB/s; chunk %.0f B\n",
+           "alpha %.2f us %.2f GB/s, between nodes alpha %.2f us %.2f GB/s; chunk %.0f B; %s\n",
            n, nodes, nodes > 1 ? "s" : "", n / nodes,
            weft_link_transport_name(tab.allowed & (1u << WEFT_LINK_SHM) ? WEFT_LINK_SHM
                                                                           : WEFT_LINK_TCP),
            tab.alpha[WEFT_LINK_SHM] * 1e6, 1e-9 / tab.beta[WEFT_LINK_SHM],
-           tab.alpha[WEFT_LINK_TCP] * 1e6, 1e-9 / tab.beta[WEFT_LINK_TCP], chunk);
+           tab.alpha[WEFT_LINK_TCP] * 1e6, 1e-9 / tab.beta[WEFT_LINK_TCP], chunk, cores_text);
     for (int coll = 0; coll < WEFT_COLL_SEND; coll++) {
         printf("\n%s (float32)\n%12s  %-18s %12s  %-18s %12s\n", weft_coll_name(coll), "bytes",
                "chosen", "predicted us", "runner-up", "its us");
         for (size_t bytes = 8; bytes <= ((size_t)64 << 20); bytes *= 4) {
             struct weft_tune_in in = {
                 .nranks = (int)n, .links = &tab, .chunk_bytes = (size_t)chunk,
-                .gamma = WEFT_TUNE_GAMMA, .mask = masks[coll],
+                .gamma = WEFT_TUNE_GAMMA, .mask = masks[coll], .cpu_group = group,
+                .group_cores = group_cores,
             };
             double t, t2 = 0;
             bool fell;
@@ -274,6 +305,8 @@ static int tune(int argc, char **argv)
         }
     }
     weft_topo_table_fini(&tab);
+    free(group);
+    free(group_cores);
     return 0;
 }
 
