@@ -323,9 +323,10 @@ Test(sim, large_ring_is_fast, .timeout = 60)
  * stdout and stderr. */
 static int weft_sim(const char *args, char *out, size_t outlen)
 {
-    char cmd[4096];
-    snprintf(cmd, sizeof(cmd), "cd %s && timeout -k 5 120 ./weft-sim %s 2>&1", weft_test_bindir(),
-             args);
+    char cmd[8192];
+    int n = snprintf(cmd, sizeof(cmd), "cd %s && timeout -k 5 120 ./weft-sim %s 2>&1",
+                     weft_test_bindir(), args);
+    cr_assert(n > 0 && (size_t)n < sizeof(cmd), "the weft-sim command line is too long");
     FILE *f = popen(cmd, "r");
     cr_assert_not_null(f);
     size_t got = fread(out, 1, outlen - 1, f);
