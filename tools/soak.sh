@@ -3,14 +3,15 @@
 # (default 10000), every result checked, and no growth of fds, RSS or
 # weft's /dev/shm files after the warm-up.  Runs once per transport (the
 # default, which is shm for ranks on one host, then WEFT_TRANSPORT=tcp) and
-# per algorithm setting (WEFT_ALGO unset: the cost model picks ring or rd
-# per call; then ring alone, rd alone), each stopped after 600 s.
+# per algorithm setting (WEFT_ALGO unset: selection picks per call; then
+# each family alone: ring, tree, rhd, direct, hier), each stopped after
+# 600 s.
 #   tools/soak.sh [ITERS]         SOAK_ALGOS="" tools/soak.sh: the default only
 # Extra weft-soak options go in SOAK_ARGS (e.g. SOAK_ARGS="--seed 7").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 iters=${1:-10000}
-algos=${SOAK_ALGOS-default ring rd}
+algos=${SOAK_ALGOS-default ring tree rhd direct hier}
 [ -x build/weft-soak ] && [ -x build/weftrun ] || ./tools/build.sh
 # Rebuild what changed (quietly); a fresh tree was just built above.
 make -C build -j2 weft-soak weftrun >/dev/null
