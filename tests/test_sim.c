@@ -150,8 +150,8 @@ Test(sim, binomial_broadcast_formula)
 /* The rhd rows run once their builders exist (other branches add them). */
 static void rhd_rows(int coll, const char *what)
 {
-    if (!weft_algo_serves(WEFT_ALGO_RHD, WEFT_VAR_RHD_RABENSEIFNER, coll))
-        cr_skip("rhd %s not built", what);
+    cr_assert(weft_algo_serves(WEFT_ALGO_RHD, WEFT_VAR_RHD_RABENSEIFNER, coll),
+              "rhd builds no %s", what);
     struct weft_sim_model m = uniform_model();
     for (int p = 2; p <= 128; p *= 2)
         for (size_t j = 0; j < NBLOCKS; j++) {
