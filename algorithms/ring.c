@@ -56,25 +56,8 @@ static size_t chunk_len(const struct ring *g, size_t n, size_t c)
 static weft_status_t emit(struct ring *g, int kind, int flags, int buf, int src_buf, int peer,
                           size_t off, size_t src_off, size_t count, int32_t dep, int32_t *idx)
 {
-    struct weft_step st = {
-        .kind = (uint8_t)kind,
-        .flags = (uint8_t)flags,
-        .buf = (uint8_t)buf,
-        .src_buf = (uint8_t)src_buf,
-        .peer = peer,
-        .deps = { dep, -1, -1 },
-        .off = off,
-        .src_off = src_off,
-        .count = count,
-    };
-    int32_t i = weft_sched_add(g->s, &st);
-    if (i < 0)
-        return weft_error(NULL, WEFT_ERR_NO_MEMORY,
-                          "ring: cannot grow a schedule past %zu steps (chunk %zu elements)",
-                          g->s->nsteps, g->chunk);
-    if (idx)
-        *idx = i;
-    return WEFT_OK;
+    return weft_sched_step(g->s, "ring", kind, flags, buf, src_buf, peer, off, src_off, count,
+                           dep, idx);
 }
 
 static weft_status_t emit_send(struct ring *g, int buf, size_t off, size_t count, int32_t dep,

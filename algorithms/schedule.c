@@ -41,6 +41,30 @@ int32_t weft_sched_add(struct weft_schedule *s, const struct weft_step *st)
     return (int32_t)s->nsteps++;
 }
 
+weft_status_t weft_sched_step(struct weft_schedule *s, const char *who, int kind, int flags,
+                              int buf, int src_buf, int peer, size_t off, size_t src_off,
+                              size_t count, int32_t dep, int32_t *idx)
+{
+    struct weft_step st = {
+        .kind = (uint8_t)kind,
+        .flags = (uint8_t)flags,
+        .buf = (uint8_t)buf,
+        .src_buf = (uint8_t)src_buf,
+        .peer = peer,
+        .deps = {dep, -1, -1},
+        .off = off,
+        .src_off = src_off,
+        .count = count,
+    };
+    int32_t i = weft_sched_add(s, &st);
+    if (i < 0)
+        return weft_error(NULL, WEFT_ERR_NO_MEMORY, "%s: cannot grow a schedule past %zu steps",
+                          who, s->nsteps);
+    if (idx)
+        *idx = i;
+    return WEFT_OK;
+}
+
 const char *weft_coll_name(int coll)
 {
     static const char *const names[WEFT_COLL_COUNT] = {

@@ -112,6 +112,12 @@ void weft_sched_init(struct weft_schedule *s) WEFT_HIDDEN;
 void weft_sched_free(struct weft_schedule *s) WEFT_HIDDEN;
 /* Appends a step; returns its index, or -1 when out of memory. */
 int32_t weft_sched_add(struct weft_schedule *s, const struct weft_step *st) WEFT_HIDDEN;
+/* Appends a step with one dependency (-1: none), the builders' common
+ * case; *idx (when not NULL) gets its index.  Out of memory is
+ * WEFT_ERR_NO_MEMORY with a message naming who. */
+weft_status_t weft_sched_step(struct weft_schedule *s, const char *who, int kind, int flags,
+                              int buf, int src_buf, int peer, size_t off, size_t src_off,
+                              size_t count, int32_t dep, int32_t *idx) WEFT_HIDDEN;
 
 /* Elements of sendbuf / recvbuf a collective reads or writes on this rank. */
 size_t weft_coll_send_count(const struct weft_coll_desc *d) WEFT_HIDDEN;

@@ -13,24 +13,8 @@ static weft_status_t emit(struct weft_schedule *s, int kind, int flags, int buf,
                           int peer, size_t off, size_t src_off, size_t count, int32_t dep,
                           int32_t *idx)
 {
-    struct weft_step st = {
-        .kind = (uint8_t)kind,
-        .flags = (uint8_t)flags,
-        .buf = (uint8_t)buf,
-        .src_buf = (uint8_t)src_buf,
-        .peer = peer,
-        .deps = {dep, -1, -1},
-        .off = off,
-        .src_off = src_off,
-        .count = count,
-    };
-    int32_t i = weft_sched_add(s, &st);
-    if (i < 0)
-        return weft_error(NULL, WEFT_ERR_NO_MEMORY,
-                          "tree: cannot grow a schedule past %zu steps", s->nsteps);
-    if (idx)
-        *idx = i;
-    return WEFT_OK;
+    return weft_sched_step(s, "tree", kind, flags, buf, src_buf, peer, off, src_off, count, dep,
+                           idx);
 }
 
 static weft_status_t emit_send(struct weft_schedule *s, int buf, int peer, size_t off,
