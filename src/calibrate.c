@@ -107,7 +107,9 @@ static weft_status_t cal_edge(struct weft_comm *comm, int peer, bool pinger, cha
         return WEFT_OK;
     /* A fit with no cost per byte is noise (a descheduled peer), not a link. */
     if (weft_topo_fit(x, y, n, &res->alpha, &res->beta) == WEFT_OK && res->beta > 0)
-        res->transport = comm->link_ops[peer] == &weft_shm_ops ? WEFT_LINK_SHM : WEFT_LINK_TCP;
+        res->transport = comm->link_ops[peer] == &weft_shm_ops ? WEFT_LINK_SHM
+                         : comm->link_ops[peer] == &weft_tcp_ops ? WEFT_LINK_TCP
+                                                                 : WEFT_LINK_VERBS;
     return WEFT_OK;
 }
 
@@ -173,7 +175,7 @@ weft_status_t weft_comm_calibrate(struct weft_comm *comm, struct weft_cal *cal, 
     int na[WEFT_LINK_NTRANSPORTS] = {0};
     for (int e = 0; e < n; e++) {
         const struct cal_result *r = &all[e];
-        if ((r->transport != WEFT_LINK_SHM && r->transport != WEFT_LINK_TCP) ||
+        if (r->transport <= WEFT_LINK_SELF || r->transport >= WEFT_LINK_NTRANSPORTS ||
             !isfinite(r->alpha) || !isfinite(r->beta) || r->alpha < 0 || r->beta < 0)
             continue;
         cal->edges[cal->nedges++] = (struct weft_cal_edge){e, (e + 1) % n, r->transport, r->alpha,

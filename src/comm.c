@@ -32,13 +32,14 @@ struct rank_info {
     uint8_t taddr[WEFT_TRANSPORT_ADDR_MAX];
 };
 
-/* The second round: the shm address (len 0: no shm on that rank). */
-struct shm_info {
-    uint32_t len;
-    uint8_t addr[WEFT_TRANSPORT_ADDR_MAX];
+/* The second round: the shm and verbs addresses (len 0: none on that rank). */
+struct link_info {
+    uint32_t shm_len, verbs_len;
+    uint8_t shm[WEFT_TRANSPORT_ADDR_MAX];
+    uint8_t verbs[WEFT_TRANSPORT_ADDR_MAX];
 };
 
-enum { TP_TCP, TP_SHM, TP_COUNT };
+enum { TP_TCP, TP_SHM, TP_VERBS, TP_COUNT };
 
 /* This host's identity: ranks with equal ones share memory.  WEFT_HOSTID
  * lets one machine pose as several hosts, unless `machine` asks for the
@@ -66,19 +67,27 @@ static void host_identity(char *out, size_t len, bool machine)
 
 weft_status_t weft_comm_progress(struct weft_comm *comm, int timeout_ms)
 {
-    if (comm->ntp == 1)
-        return comm->tp[0].ops->progress(comm->tp[0].ctx, timeout_ms);
-    /* shm and tcp: look at shm without waiting, then sleep in tcp's poll.
-     * shm's waker thread (weft_shm_set_waker) turns a shm peer's doorbell
-     * into a tcp wakeup while our sleeping flag is up. */
-    void *shm = comm->tp[0].ctx, *tcp = comm->tp[1].ctx;
-    WEFT_CHECK(weft_shm_ops.progress(shm, 0));
+    int last = comm->ntp - 1;
+    const struct weft_transport_ops *sleeper = comm->tp[last].ops;
+    void *sctx = comm->tp[last].ctx;
+    if (last == 0)
+        return sleeper->progress(sctx, timeout_ms);
+    /* The others without waiting, then sleep in the last one (tcp's poll).
+     * Their waker threads turn a shm doorbell or a verbs completion into
+     * its wakeup while their notification is armed. */
+    for (int i = 0; i < last; i++)
+        WEFT_CHECK(comm->tp[i].ops->progress(comm->tp[i].ctx, 0));
     if (timeout_ms <= 0)
-        return weft_tcp_ops.progress(tcp, 0);
-    if (weft_shm_sleep_begin(shm))
-        return weft_tcp_ops.progress(tcp, 0);
-    weft_status_t st = weft_tcp_ops.progress(tcp, timeout_ms);
-    weft_shm_sleep_end(shm);
+        return sleeper->progress(sctx, 0);
+    int begun = 0;
+    bool news = false;
+    while (begun < last && !news) {
+        news = comm->tp[begun].ops->sleep_begin(comm->tp[begun].ctx);
+        begun++;
+    }
+    weft_status_t st = sleeper->progress(sctx, news ? 0 : timeout_ms);
+    for (int i = 0; i < begun; i++)
+        comm->tp[i].ops->sleep_end(comm->tp[i].ctx);
     return st;
 }
 
@@ -245,6 +254,8 @@ static weft_status_t table_build(struct weft_comm *comm, const struct rank_info 
     const char **hostid = calloc((size_t)n, sizeof(*hostid));
     weft_status_t st = hostid ? weft_topo_parse_transports(spec, allowed, why, sizeof(why))
                               : WEFT_ERR_NO_MEMORY;
+    if (comm->verbs_off)
+        *allowed &= ~(1u << WEFT_LINK_VERBS);
     for (int r = 0; hostid && r < n; r++)
         hostid[r] = all[r].host;
     if (st == WEFT_OK)
@@ -270,10 +281,21 @@ static weft_status_t table_build(struct weft_comm *comm, const struct rank_info 
     return WEFT_OK;
 }
 
-/* Opens shm when a peer shares this host and both sides allow it, picks a
- * transport per peer (shm on this host, tcp otherwise; WEFT_TRANSPORT
- * restricts the choice) and binds every peer.  tcp_ctx is already open;
- * transports no peer uses are closed again. */
+static const struct weft_transport_ops *tp_ops(int t)
+{
+#ifdef HAVE_VERBS
+    if (t == TP_VERBS)
+        return &weft_verbs_ops;
+#endif
+    return t == TP_SHM ? &weft_shm_ops : &weft_tcp_ops;
+}
+
+/* Opens shm when a peer shares this host and verbs when a pair wants it
+ * (both as WEFT_TRANSPORT allows), picks a transport per peer from the
+ * link table and binds every peer.  tcp_ctx is already open; transports
+ * no peer uses are closed again.  verbs is all or nothing: when a rank
+ * has no usable device, every rank leaves it for tcp (or fails, when
+ * WEFT_TRANSPORT leaves no other way). */
 static weft_status_t open_links(struct weft_comm *comm, const struct weft_transport_init *targs,
                                 void *tcp_ctx, const struct rank_info *all, uint64_t deadline)
 {
@@ -290,21 +312,22 @@ static weft_status_t open_links(struct weft_comm *comm, const struct weft_transp
         return st;
     }
     /* The table says which transport each pair wants (shm on one host,
-     * unless WEFT_TRANSPORT or the topology file says otherwise). */
-    bool local_peer = false;
+     * verbs across hosts, unless WEFT_TRANSPORT or the topology file says
+     * otherwise). */
+    bool want[WEFT_LINK_NTRANSPORTS] = {false};
     for (int r = 0; r < n; r++) {
         struct weft_link l;
-        local_peer |= r != rank && weft_topo_table_get(&comm->topo, rank, r, &l) == WEFT_OK &&
-                      l.transport == WEFT_LINK_SHM;
+        if (r != rank && weft_topo_table_get(&comm->topo, rank, r, &l) == WEFT_OK)
+            want[l.transport] = true;
     }
-    struct shm_info mine = {0};
-    struct shm_info *peers = calloc((size_t)n, sizeof(*peers));
-    void *ctx[TP_COUNT] = {tcp_ctx, NULL};
+    struct link_info mine = {0};
+    struct link_info *peers = calloc((size_t)n, sizeof(*peers));
+    void *ctx[TP_COUNT] = {tcp_ctx, NULL, NULL};
     if (peers == NULL) {
         st = weft_error(comm, WEFT_ERR_NO_MEMORY, "out of memory for %d ranks", n);
         goto out; /* the others time out in the exchange and name this rank */
     }
-    if (local_peer) {
+    if (want[WEFT_LINK_SHM]) {
         /* Rings only for the ranks of this host (all of them agree on it). */
         struct weft_transport_init sargs = *targs;
         int *group = malloc((size_t)n * sizeof(*group)), ngroup = 0;
@@ -313,67 +336,118 @@ static weft_status_t open_links(struct weft_comm *comm, const struct weft_transp
                 group[ngroup++] = r;
         sargs.group = group;
         sargs.ngroup = ngroup;
-        size_t len = sizeof(mine.addr);
-        st = group ? weft_shm_ops.init(&sargs, &ctx[TP_SHM], mine.addr, &len)
+        size_t len = sizeof(mine.shm);
+        st = group ? weft_shm_ops.init(&sargs, &ctx[TP_SHM], mine.shm, &len)
                    : weft_error(comm, WEFT_ERR_NO_MEMORY, "out of memory for %d ranks", n);
         free(group);
         if (st == WEFT_OK)
-            mine.len = (uint32_t)len;
+            mine.shm_len = (uint32_t)len;
         else if (allowed & (1u << WEFT_LINK_TCP))
             WEFT_WARN(WEFT_SUB_INIT, "no shared memory (%s); peers on this host use tcp",
                       weft_thread_last_error());
         st = WEFT_OK; /* publishing len 0 tells the local peers */
     }
-    /* Every rank takes part, with or without shm, so the rounds match. */
+#ifdef HAVE_VERBS
+    if (want[WEFT_LINK_VERBS]) {
+        struct weft_transport_init vargs = *targs;
+        vargs.oob_ops = &weft_tcp_ops;
+        vargs.oob_ctx = tcp_ctx;
+        size_t len = sizeof(mine.verbs);
+        st = weft_verbs_ops.init(&vargs, &ctx[TP_VERBS], mine.verbs, &len);
+        if (st == WEFT_OK)
+            mine.verbs_len = (uint32_t)len;
+        else if (st != WEFT_ERR_UNSUPPORTED)
+            WEFT_WARN(WEFT_SUB_INIT, "rank %d: verbs: %s", rank, weft_thread_last_error());
+        st = WEFT_OK; /* len 0: every rank leaves verbs */
+    }
+#endif
+    /* Every rank takes part, whatever it opened, so the rounds match. */
     WEFT_CHECK_GOTO(weft_bootstrap_allgather(comm->bs, &mine, peers, sizeof(mine), deadline), st,
                     out);
+    int no_verbs = -1;
+    for (int r = 0; r < n && no_verbs < 0; r++)
+        if (peers[r].verbs_len == 0)
+            no_verbs = r;
+    if ((allowed & (1u << WEFT_LINK_VERBS)) && no_verbs >= 0) {
+        /* The same on every rank: all saw the same lengths. */
+        comm->verbs_off = true;
+        if (ctx[TP_VERBS]) {
+            tp_ops(TP_VERBS)->finalize(ctx[TP_VERBS]);
+            ctx[TP_VERBS] = NULL;
+        }
+        if ((allowed & ~(1u << WEFT_LINK_VERBS)) == 0) {
+            st = weft_error(comm, WEFT_ERR_INVALID_ARG,
+                            "rank %d: WEFT_TRANSPORT=%s allows only verbs, and rank %d has no "
+                            "usable RDMA device%s",
+                            rank, spec, no_verbs,
+                            no_verbs == rank ? "" : " (its log at WEFT_DEBUG=INFO says why)");
+            goto out;
+        }
+        if (want[WEFT_LINK_VERBS] && rank == 0)
+            WEFT_INFO(WEFT_SUB_INIT, "rank %d has no usable RDMA device: tcp carries what verbs "
+                      "would have", no_verbs);
+        WEFT_CHECK_GOTO(table_build(comm, all, NULL, &allowed), st, out);
+    }
     bool used[TP_COUNT] = {false}, any_shm = false;
     for (int r = 0; r < n; r++) {
-        any_shm |= peers[r].len > 0;
+        any_shm |= peers[r].shm_len > 0;
         if (r == rank)
             continue;
         bool same = strcmp(all[r].host, all[rank].host) == 0;
         struct weft_link l = {0};
         weft_topo_table_get(&comm->topo, rank, r, &l);
-        int t = l.transport == WEFT_LINK_SHM && mine.len && peers[r].len ? TP_SHM
-                : (allowed & (1u << WEFT_LINK_TCP))                      ? TP_TCP
-                                                                         : -1;
+        int t = l.transport == WEFT_LINK_SHM && mine.shm_len && peers[r].shm_len ? TP_SHM
+                : l.transport == WEFT_LINK_VERBS && ctx[TP_VERBS]                ? TP_VERBS
+                : (allowed & (1u << WEFT_LINK_TCP))                              ? TP_TCP
+                                                                                 : -1;
         if (t < 0) {
             st = weft_error(comm, WEFT_ERR_INVALID_ARG,
-                            "rank %d cannot reach rank %d: WEFT_TRANSPORT=%s allows only shm, and "
-                            "rank %d is %s",
+                            "rank %d cannot reach rank %d: WEFT_TRANSPORT=%s does not allow tcp, "
+                            "and rank %d is %s",
                             rank, r, spec, r,
                             same ? "on this host but has no shared memory" : "on another host");
             goto out;
         }
-        const struct weft_transport_ops *ops = t == TP_SHM ? &weft_shm_ops : &weft_tcp_ops;
-        const void *addr = t == TP_SHM ? peers[r].addr : all[r].taddr;
-        size_t alen = t == TP_SHM ? peers[r].len : all[r].taddr_len;
+        const void *addr = t == TP_SHM ? peers[r].shm : t == TP_VERBS ? peers[r].verbs : all[r].taddr;
+        size_t alen = t == TP_SHM     ? peers[r].shm_len
+                      : t == TP_VERBS ? peers[r].verbs_len
+                                      : all[r].taddr_len;
         if (alen > WEFT_TRANSPORT_ADDR_MAX) {
             st = weft_error(comm, WEFT_ERR_REMOTE, "rank %d published a bad address", r);
             goto out;
         }
-        comm->link_ops[r] = ops;
+#ifdef HAVE_VERBS
+        if (t == TP_VERBS) {
+            /* Its tcp connection carries the queue pair exchange. */
+            void *oob;
+            WEFT_CHECK_GOTO(weft_tcp_ops.connect(tcp_ctx, r, all[r].taddr, all[r].taddr_len, &oob),
+                            st, out);
+            weft_verbs_bind_oob(ctx[TP_VERBS], r, oob);
+            used[TP_TCP] = true;
+        }
+#endif
+        comm->link_ops[r] = tp_ops(t);
         used[t] = true;
-        WEFT_CHECK_GOTO(ops->connect(ctx[t], r, addr, alen, &comm->conns[r]), st, out);
+        WEFT_CHECK_GOTO(tp_ops(t)->connect(ctx[t], r, addr, alen, &comm->conns[r]), st, out);
     }
-    /* shm first: the last transport is the one progress waits on. */
-    for (int t = TP_COUNT - 1; t >= 0; t--) {
+    /* Progress order: shm, verbs, then tcp, where the communicator sleeps. */
+    static const int order[TP_COUNT] = {TP_SHM, TP_VERBS, TP_TCP};
+    for (int k = 0; k < TP_COUNT; k++) {
+        int t = order[k];
         if (!ctx[t])
             continue;
-        const struct weft_transport_ops *ops = t == TP_SHM ? &weft_shm_ops : &weft_tcp_ops;
-        if (used[t] || (t == TP_TCP && n == 1)) {
-            comm->tp[comm->ntp].ops = ops;
+        if (used[t] || (t == TP_TCP && (n == 1 || comm->ntp > 0))) {
+            comm->tp[comm->ntp].ops = tp_ops(t);
             comm->tp[comm->ntp++].ctx = ctx[t];
         } else {
-            ops->finalize(ctx[t]);
+            tp_ops(t)->finalize(ctx[t]);
         }
         ctx[t] = NULL;
     }
-    if (comm->ntp == 2)
-        /* tp[0] is shm, tp[1] tcp (weft_comm_progress sleeps in tcp). */
-        WEFT_CHECK_GOTO(weft_shm_set_waker(comm->tp[0].ctx, weft_tcp_ops.wakeup,
-                                           comm->tp[1].ctx),
+    for (int i = 0; i + 1 < comm->ntp; i++)
+        WEFT_CHECK_GOTO(comm->tp[i].ops->set_waker(comm->tp[i].ctx,
+                                                   comm->tp[comm->ntp - 1].ops->wakeup,
+                                                   comm->tp[comm->ntp - 1].ctx),
                         st, out);
     if (any_shm) {
         /* Every peer has mapped our segment: its name can go, so a crash
@@ -383,12 +457,15 @@ static weft_status_t open_links(struct weft_comm *comm, const struct weft_transp
             if (comm->tp[i].ops->ready)
                 WEFT_CHECK_GOTO(comm->tp[i].ops->ready(comm->tp[i].ctx), st, out);
     }
-    WEFT_INFO(WEFT_SUB_INIT, "rank %d: %s%s%s", rank, used[TP_SHM] ? "shm to this host's ranks" : "",
-              used[TP_SHM] && used[TP_TCP] ? ", " : "", used[TP_TCP] ? "tcp to the others" : "");
+    WEFT_INFO(WEFT_SUB_INIT, "rank %d: %s%s%s%s%s", rank,
+              used[TP_SHM] ? "shm to this host's ranks" : "",
+              used[TP_SHM] && used[TP_VERBS] ? ", " : "", used[TP_VERBS] ? "verbs to " : "",
+              used[TP_VERBS] ? (used[TP_SHM] ? "the others" : "every peer") : "",
+              used[TP_TCP] && !used[TP_VERBS] ? (used[TP_SHM] ? ", tcp to the others" : "tcp to every peer") : "");
 out:
     for (int t = 0; t < TP_COUNT; t++)
         if (ctx[t])
-            (t == TP_SHM ? &weft_shm_ops : &weft_tcp_ops)->finalize(ctx[t]);
+            tp_ops(t)->finalize(ctx[t]);
     free(peers);
     return st;
 }

@@ -15,7 +15,7 @@
 #include "tune.h"
 
 #define WEFT_ERRMSG_LEN 512
-#define WEFT_MAX_TRANSPORTS 2
+#define WEFT_MAX_TRANSPORTS 3
 
 struct weft_bootstrap;
 struct weft_engine;
@@ -39,13 +39,16 @@ struct weft_comm {
     _Atomic int deterministic;         /* WEFT_DETERMINISTIC / weft_comm_set_deterministic:
                                           reducing collectives run the ordered chain */
     struct weft_bootstrap *bs;
-    /* The transports this rank opened (tcp always; shm when a peer shares
-     * this host) and, per peer, the one that carries its bytes. */
+    /* The transports this rank opened, in the order progress visits them
+     * (shm, verbs, tcp: the last one is where it sleeps; tcp always when
+     * verbs is open, its connections carry the queue pair exchange) and,
+     * per peer, the one that carries its bytes. */
     struct {
         const struct weft_transport_ops *ops;
         void *ctx;
     } tp[WEFT_MAX_TRANSPORTS];
     int ntp;
+    bool verbs_off;                    /* some rank has no usable RDMA device */
     const struct weft_transport_ops **link_ops; /* (nranks) NULL for self */
     struct weft_link_table topo;       /* per-pair transport and cost */
     void **conns;                      /* (nranks) */

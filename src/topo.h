@@ -121,8 +121,10 @@ void weft_topo_cpulist(const cpu_set_t *s, char *buf, size_t len) WEFT_HIDDEN;
 
 /* ---- the link table (topo_link.c) ----------------------------------------- */
 
-enum weft_link_transport { WEFT_LINK_SELF, WEFT_LINK_SHM, WEFT_LINK_TCP, WEFT_LINK_NTRANSPORTS };
-#define WEFT_LINK_ALLOW_ALL ((1u << WEFT_LINK_SHM) | (1u << WEFT_LINK_TCP))
+enum weft_link_transport {
+    WEFT_LINK_SELF, WEFT_LINK_SHM, WEFT_LINK_TCP, WEFT_LINK_VERBS, WEFT_LINK_NTRANSPORTS
+};
+#define WEFT_LINK_ALLOW_ALL ((1u << WEFT_LINK_SHM) | (1u << WEFT_LINK_TCP) | (1u << WEFT_LINK_VERBS))
 /* "self", "shm", "tcp"; "?" out of range. */
 const char *weft_link_transport_name(int transport) WEFT_HIDDEN;
 
@@ -135,6 +137,8 @@ const char *weft_link_transport_name(int transport) WEFT_HIDDEN;
 #define WEFT_LINK_SHM_BETA (1.0 / 12e9)
 #define WEFT_LINK_TCP_ALPHA 12e-6
 #define WEFT_LINK_TCP_BETA (1.0 / 1.75e9)
+#define WEFT_LINK_VERBS_ALPHA 3e-6      /* an RC write with immediate, one switch hop */
+#define WEFT_LINK_VERBS_BETA (1.0 / 12e9) /* 100 Gbit/s */
 #define WEFT_LINK_SELF_ALPHA 0.1e-6
 #define WEFT_LINK_SELF_BETA (1.0 / 17e9)
 
@@ -157,7 +161,9 @@ struct weft_link_rules; /* topo_link.c */
  * memory, not n^2.  Owner: whoever called weft_topo_table_init, which
  * releases it with weft_topo_table_fini.  Invariants: 0 <= host[r] <
  * nhosts; hosts are numbered by their first rank; allowed has at least
- * one of shm/tcp, and tcp whenever nhosts > 1. */
+ * one transport, and tcp or verbs whenever nhosts > 1.  A pair on one host
+ * takes shm, else verbs, else tcp; a pair across hosts verbs, else tcp (as
+ * allowed), unless the file says otherwise. */
 struct weft_link_table {
     int n;                 /* ranks */
     int nhosts;
@@ -169,7 +175,7 @@ struct weft_link_table {
     struct weft_link_rules *rules;       /* file lines and measurements */
 };
 
-/* WEFT_TRANSPORT ("shm,tcp", "tcp", "^shm"; "" allows all) -> allowed mask.
+/* WEFT_TRANSPORT ("shm,tcp", "tcp", "^shm", "verbs"; "" allows all) -> allowed mask.
  * An unknown name or a list that leaves nothing is WEFT_ERR_INVALID_ARG,
  * with a message in err. */
 weft_status_t weft_topo_parse_transports(const char *spec, unsigned *allowed, char *err,

@@ -11,7 +11,7 @@
 
 #include "topo_impl.h"
 
-const char *const weft_link_names_[WEFT_LINK_NTRANSPORTS] = {"self", "shm", "tcp"};
+const char *const weft_link_names_[WEFT_LINK_NTRANSPORTS] = {"self", "shm", "tcp", "verbs"};
 
 const char *weft_link_transport_name(int transport)
 {
@@ -114,20 +114,20 @@ weft_status_t weft_topo_parse_transports(const char *spec, unsigned *allowed, ch
                                          size_t errlen)
 {
     /* weft_parse_mask numbers names from bit 0: shift past self. */
-    const char *const names[] = {"shm", "tcp"};
+    const char *const names[] = {"shm", "tcp", "verbs"};
     unsigned mask;
     char bad[64];
-    if (!weft_parse_mask(spec, names, 2, &mask, bad, sizeof(bad))) {
+    if (!weft_parse_mask(spec, names, 3, &mask, bad, sizeof(bad))) {
         char q[64], qb[64];
         weft_topo_errf(err, errlen,
-                       "WEFT_TRANSPORT=%s: unknown transport '%s' (available: shm, tcp)",
+                       "WEFT_TRANSPORT=%s: unknown transport '%s' (available: shm, tcp, verbs)",
                        weft_topo_quote(spec, strlen(spec), q, sizeof(q)),
                        weft_topo_quote(bad, strlen(bad), qb, sizeof(qb)));
         return WEFT_ERR_INVALID_ARG;
     }
     if (mask == 0) {
         char q[64];
-        weft_topo_errf(err, errlen, "WEFT_TRANSPORT=%s leaves no transport (available: shm, tcp)",
+        weft_topo_errf(err, errlen, "WEFT_TRANSPORT=%s leaves no transport (available: shm, tcp, verbs)",
                        weft_topo_quote(spec, strlen(spec), q, sizeof(q)));
         return WEFT_ERR_INVALID_ARG;
     }
@@ -257,6 +257,8 @@ weft_status_t weft_topo_table_init(struct weft_link_table *tab, int n, const cha
     tab->beta[WEFT_LINK_SHM] = WEFT_LINK_SHM_BETA;
     tab->alpha[WEFT_LINK_TCP] = WEFT_LINK_TCP_ALPHA;
     tab->beta[WEFT_LINK_TCP] = WEFT_LINK_TCP_BETA;
+    tab->alpha[WEFT_LINK_VERBS] = WEFT_LINK_VERBS_ALPHA;
+    tab->beta[WEFT_LINK_VERBS] = WEFT_LINK_VERBS_BETA;
     tab->host = calloc((size_t)n, sizeof(*tab->host));
     tab->rules = calloc(1, sizeof(*tab->rules));
     weft_status_t st;
@@ -267,7 +269,7 @@ weft_status_t weft_topo_table_init(struct weft_link_table *tab, int n, const cha
     }
     if ((st = group_hosts(tab, hostid, err, errlen)) != WEFT_OK)
         goto fail;
-    if (tab->nhosts > 1 && !(allowed & (1u << WEFT_LINK_TCP))) {
+    if (tab->nhosts > 1 && !(allowed & ((1u << WEFT_LINK_TCP) | (1u << WEFT_LINK_VERBS)))) {
         int r = 1;
         while (tab->host[r] == 0)
             r++;
@@ -334,8 +336,10 @@ weft_status_t weft_topo_table_get(const struct weft_link_table *tab, int i, int 
     }
     const struct weft_link_rules *r = tab->rules;
     int hi = tab->host[i], hj = tab->host[j];
-    l.transport =
-        hi == hj && (tab->allowed & (1u << WEFT_LINK_SHM)) ? WEFT_LINK_SHM : WEFT_LINK_TCP;
+    unsigned a = tab->allowed;
+    l.transport = hi == hj && (a & (1u << WEFT_LINK_SHM)) ? WEFT_LINK_SHM
+                  : (a & (1u << WEFT_LINK_VERBS))         ? WEFT_LINK_VERBS
+                                                          : WEFT_LINK_TCP;
     for (int k = 0; k < r->nhosts_rules; k++)
         if (r->hosts[k].s.transport >= 0 && rule_matches(&r->hosts[k], hi, hj))
             l.transport = r->hosts[k].s.transport;
@@ -410,9 +414,10 @@ void weft_topo_table_print(const struct weft_link_table *tab, FILE *f)
         fprintf(f, "link table: empty\n");
         return;
     }
-    fprintf(f, "link table: %d rank(s) on %d host(s); transports allowed:%s%s\n", tab->n,
+    fprintf(f, "link table: %d rank(s) on %d host(s); transports allowed:%s%s%s\n", tab->n,
             tab->nhosts, tab->allowed & (1u << WEFT_LINK_SHM) ? " shm" : "",
-            tab->allowed & (1u << WEFT_LINK_TCP) ? " tcp" : "");
+            tab->allowed & (1u << WEFT_LINK_TCP) ? " tcp" : "",
+            tab->allowed & (1u << WEFT_LINK_VERBS) ? " verbs" : "");
     for (int t = 0; t < WEFT_LINK_NTRANSPORTS; t++) {
         fprintf(f, "  %-8s %-4s  ", t == 0 ? "default" : "", weft_link_names_[t]);
         print_cost(f, tab->alpha[t], tab->beta[t]);

@@ -16,6 +16,9 @@
 #include "testutil.h"
 #include "topo.h"
 
+/* The tables these tests model join hosts with tcp (verbs has its own rows). */
+#define SHM_TCP ((1u << WEFT_LINK_SHM) | (1u << WEFT_LINK_TCP))
+
 /* ---- fixture trees --------------------------------------------------------- */
 
 static char fixture[256];
@@ -424,7 +427,7 @@ Test(table, one_host)
 {
     struct weft_link_table tab;
     char err[256];
-    cr_assert_eq(weft_topo_table_init(&tab, 4, NULL, WEFT_LINK_ALLOW_ALL, err, sizeof(err)),
+    cr_assert_eq(weft_topo_table_init(&tab, 4, NULL, SHM_TCP, err, sizeof(err)),
                  WEFT_OK, "%s", err);
     cr_assert_eq(tab.nhosts, 1);
     for (int i = 0; i < 4; i++)
@@ -448,7 +451,7 @@ Test(table, host_layouts)
     struct weft_link_table tab;
     char err[256];
     const char *inter[] = {"a", "b", "a", "b", "c"};
-    cr_assert_eq(weft_topo_table_init(&tab, 5, inter, WEFT_LINK_ALLOW_ALL, err, sizeof(err)),
+    cr_assert_eq(weft_topo_table_init(&tab, 5, inter, SHM_TCP, err, sizeof(err)),
                  WEFT_OK, "%s", err);
     cr_assert_eq(tab.nhosts, 3);
     cr_assert_eq(tab.host[0], 0);
@@ -467,7 +470,7 @@ Test(table, host_layouts)
 
     /* One rank per host: everything over tcp. */
     const char *each[] = {"h0", "h1", "h2"};
-    cr_assert_eq(weft_topo_table_init(&tab, 3, each, WEFT_LINK_ALLOW_ALL, err, sizeof(err)),
+    cr_assert_eq(weft_topo_table_init(&tab, 3, each, SHM_TCP, err, sizeof(err)),
                  WEFT_OK);
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 3; j++)
@@ -486,7 +489,7 @@ Test(table, many_ranks_stay_small, .timeout = 30)
         ids[r] = names[r / (N / H)];
     struct weft_link_table tab;
     char err[256];
-    cr_assert_eq(weft_topo_table_init(&tab, N, ids, WEFT_LINK_ALLOW_ALL, err, sizeof(err)),
+    cr_assert_eq(weft_topo_table_init(&tab, N, ids, SHM_TCP, err, sizeof(err)),
                  WEFT_OK);
     cr_assert_eq(tab.nhosts, H);
     cr_assert_eq(get(&tab, 0, 99).transport, WEFT_LINK_SHM);
@@ -515,7 +518,7 @@ Test(table, weft_transport)
     unsigned allowed;
     const char *two[] = {"a", "a", "b", "b"};
     /* tcp only, or shm excluded: every pair over tcp, on one host too. */
-    const char *tcp_only[] = {"tcp", "^shm", "TCP"};
+    const char *tcp_only[] = {"tcp", "^shm,verbs", "TCP"};
     for (size_t k = 0; k < WEFT_ARRAY_SIZE(tcp_only); k++) {
         cr_assert_eq(weft_topo_parse_transports(tcp_only[k], &allowed, err, sizeof(err)), WEFT_OK);
         cr_assert_eq(allowed, 1u << WEFT_LINK_TCP);
@@ -528,7 +531,17 @@ Test(table, weft_transport)
     cr_assert_eq(weft_topo_parse_transports("", &allowed, err, sizeof(err)), WEFT_OK);
     cr_assert_eq(allowed, WEFT_LINK_ALLOW_ALL);
     cr_assert_eq(weft_topo_parse_transports("shm,tcp", &allowed, err, sizeof(err)), WEFT_OK);
-    cr_assert_eq(allowed, WEFT_LINK_ALLOW_ALL);
+    cr_assert_eq(allowed, SHM_TCP);
+    /* With verbs allowed, pairs across hosts take it; one host keeps shm. */
+    cr_assert_eq(weft_topo_parse_transports("shm,verbs", &allowed, err, sizeof(err)), WEFT_OK);
+    cr_assert_eq(weft_topo_table_init(&tab, 4, two, allowed, err, sizeof(err)), WEFT_OK);
+    cr_assert_eq(get(&tab, 0, 1).transport, WEFT_LINK_SHM);
+    cr_assert_eq(get(&tab, 0, 2).transport, WEFT_LINK_VERBS);
+    weft_topo_table_fini(&tab);
+    cr_assert_eq(weft_topo_parse_transports("verbs", &allowed, err, sizeof(err)), WEFT_OK);
+    cr_assert_eq(weft_topo_table_init(&tab, 4, two, allowed, err, sizeof(err)), WEFT_OK);
+    cr_assert_eq(get(&tab, 0, 1).transport, WEFT_LINK_VERBS);
+    weft_topo_table_fini(&tab);
     /* shm alone works on one host and is refused across hosts. */
     cr_assert_eq(weft_topo_parse_transports("shm", &allowed, err, sizeof(err)), WEFT_OK);
     cr_assert_eq(weft_topo_table_init(&tab, 2, two, allowed, err, sizeof(err)), WEFT_OK);
@@ -543,7 +556,7 @@ Test(table, weft_transport)
     cr_assert_eq(weft_topo_parse_transports("ib", &allowed, err, sizeof(err)),
                  WEFT_ERR_INVALID_ARG);
     cr_assert(strstr(err, "'ib'"), "%s", err);
-    cr_assert_eq(weft_topo_parse_transports("^shm,tcp", &allowed, err, sizeof(err)),
+    cr_assert_eq(weft_topo_parse_transports("^shm,tcp,verbs", &allowed, err, sizeof(err)),
                  WEFT_ERR_INVALID_ARG);
     cr_assert(strstr(err, "leaves no transport"), "%s", err);
     cr_assert_eq(weft_topo_table_init(&tab, 2, NULL, 0, err, sizeof(err)), WEFT_ERR_INVALID_ARG);
@@ -553,10 +566,10 @@ Test(table, bad_init)
 {
     struct weft_link_table tab;
     char err[256];
-    cr_assert_eq(weft_topo_table_init(&tab, 0, NULL, WEFT_LINK_ALLOW_ALL, err, sizeof(err)),
+    cr_assert_eq(weft_topo_table_init(&tab, 0, NULL, SHM_TCP, err, sizeof(err)),
                  WEFT_ERR_INVALID_ARG);
     const char *holes[] = {"a", NULL};
-    cr_assert_eq(weft_topo_table_init(&tab, 2, holes, WEFT_LINK_ALLOW_ALL, err, sizeof(err)),
+    cr_assert_eq(weft_topo_table_init(&tab, 2, holes, SHM_TCP, err, sizeof(err)),
                  WEFT_ERR_INVALID_ARG);
     cr_assert(strstr(err, "rank 1"), "%s", err);
     weft_topo_table_fini(&tab);
@@ -572,7 +585,7 @@ Test(table, measured)
     struct weft_link_table tab;
     char err[256];
     const char *ids[] = {"a", "a", "b"};
-    cr_assert_eq(weft_topo_table_init(&tab, 3, ids, WEFT_LINK_ALLOW_ALL, err, sizeof(err)),
+    cr_assert_eq(weft_topo_table_init(&tab, 3, ids, SHM_TCP, err, sizeof(err)),
                  WEFT_OK);
     cr_assert_eq(weft_topo_table_set_measured(&tab, 1, 0, 2e-6, 1e-10), WEFT_OK);
     cr_assert_eq(weft_topo_table_set_measured(&tab, 0, 2, 30e-6, 1e-9), WEFT_OK);
@@ -633,7 +646,7 @@ static const char good_file[] = "# test topology: alpha-beta costs (comments may
 Test(file, good_file_applies)
 {
     struct weft_link_table tab;
-    six_ranks(&tab, WEFT_LINK_ALLOW_ALL);
+    six_ranks(&tab, SHM_TCP);
     char err[256] = "";
     cr_assert_eq(
         weft_topo_table_parse(&tab, good_file, strlen(good_file), "good", err, sizeof(err)),
@@ -678,7 +691,7 @@ Test(file, good_file_applies)
     cr_assert_eq(write(fd, good_file, strlen(good_file)), (ssize_t)strlen(good_file));
     close(fd);
     struct weft_link_table t2;
-    six_ranks(&t2, WEFT_LINK_ALLOW_ALL);
+    six_ranks(&t2, SHM_TCP);
     cr_assert_eq(weft_topo_table_load(&t2, path, err, sizeof(err)), WEFT_OK, "%s", err);
     cr_assert(close_to(get(&t2, 0, 3).alpha, 200e-6));
     unlink(path);
@@ -691,7 +704,7 @@ Test(file, patterns)
     const char *ids[] = {"rackA-n1", "rackA-n2", "rackB-n1", "rackB-n22", "odd"};
     struct weft_link_table tab;
     char err[256];
-    cr_assert_eq(weft_topo_table_init(&tab, 5, ids, WEFT_LINK_ALLOW_ALL, err, sizeof(err)),
+    cr_assert_eq(weft_topo_table_init(&tab, 5, ids, SHM_TCP, err, sizeof(err)),
                  WEFT_OK);
     const char *f = "hosts rackA-* rackB-* alpha_us=40\n"
                     "hosts rackB-n? rackB-n?? alpha_us=7\n"
@@ -712,7 +725,7 @@ Test(file, patterns)
     memset(longid[1], 'a', 299);
     longid[1][0] = 'b';
     const char *l2[] = {longid[0], longid[1]};
-    cr_assert_eq(weft_topo_table_init(&tab, 2, l2, WEFT_LINK_ALLOW_ALL, err, sizeof(err)), WEFT_OK);
+    cr_assert_eq(weft_topo_table_init(&tab, 2, l2, SHM_TCP, err, sizeof(err)), WEFT_OK);
     const char *slow = "hosts *a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*a*c * "
                        "alpha_us=1\n";
     for (int k = 0; k < 100; k++)
@@ -780,7 +793,7 @@ Test(file, each_bad_line_names_line_and_token)
     };
     for (size_t k = 0; k < WEFT_ARRAY_SIZE(cases); k++) {
         struct weft_link_table tab;
-        six_ranks(&tab, WEFT_LINK_ALLOW_ALL);
+        six_ranks(&tab, SHM_TCP);
         const char *head =
             "# two good lines first, so nothing may change\ndefault tcp alpha_us=1\n";
         size_t hl = strlen(head), ll = cases[k].len ? cases[k].len : strlen(cases[k].line);
@@ -818,7 +831,7 @@ Test(file, transport_excluded_and_limits)
     weft_topo_table_fini(&tab);
 
     /* At most 256 hosts lines. */
-    six_ranks(&tab, WEFT_LINK_ALLOW_ALL);
+    six_ranks(&tab, SHM_TCP);
     size_t cap = 300 * 40, len = 0;
     char *many = malloc(cap);
     for (int k = 0; k < 257; k++)
@@ -841,7 +854,7 @@ Test(file, load_errors)
 {
     struct weft_link_table tab;
     char err[256];
-    six_ranks(&tab, WEFT_LINK_ALLOW_ALL);
+    six_ranks(&tab, SHM_TCP);
     cr_assert_eq(weft_topo_table_load(&tab, "/nonexistent/weft.topo", err, sizeof(err)),
                  WEFT_ERR_SYSTEM);
     cr_assert(strstr(err, "/nonexistent/weft.topo") && strstr(err, "No such file"), "%s", err);
@@ -909,7 +922,7 @@ Test(file, random_input_never_crashes, .timeout = 120)
     weft_test_rng_state = 0x7e57707011ull;
     char buf[4096], err[256];
     struct weft_link_table tab;
-    six_ranks(&tab, WEFT_LINK_ALLOW_ALL);
+    six_ranks(&tab, SHM_TCP);
     int ok = 0;
     for (int it = 0; it < 30000; it++) {
         size_t len = 0;
@@ -940,7 +953,7 @@ Test(file, random_input_never_crashes, .timeout = 120)
         if (it % 64 == 0) {
             check_links(&tab);
             weft_topo_table_fini(&tab);
-            six_ranks(&tab, WEFT_LINK_ALLOW_ALL);
+            six_ranks(&tab, SHM_TCP);
         }
     }
     check_links(&tab);

@@ -1,6 +1,6 @@
 /*
- * transport.h - the one vtable every transport implements (tcp now; shm and
- * verbs later).  Shaped after NCCL's net plugin: a per-communicator context,
+ * transport.h - the one vtable every transport implements (tcp, shm,
+ * verbs).  Shaped after NCCL's net plugin: a per-communicator context,
  * a connection per peer, non-blocking isend/irecv/test, optional memory
  * registration and one-sided put-with-notify, and an explicit progress call.
  * Transports move bytes between pairs and know nothing about collectives.
@@ -27,6 +27,10 @@ struct weft_transport_init {
      * same list on each of them); NULL: every rank. */
     const int *group;
     int ngroup;
+    /* verbs: the transport whose connections carry the queue pair
+     * exchange (tcp; each peer's conn given by weft_verbs_bind_oob). */
+    const struct weft_transport_ops *oob_ops;
+    void *oob_ctx;
 };
 
 /*
@@ -86,19 +90,24 @@ struct weft_transport_ops {
     void (*abort)(void *ctx, weft_status_t status, const char *why);
     /* Closes every connection, fails pending requests, frees ctx.  NULL ok. */
     void (*finalize)(void *ctx);
+    /* Optional, for a transport a communicator does not sleep in (shm,
+     * verbs) while another one's wait (tcp's poll) does: set_waker starts
+     * a thread that calls fn(arg) (the sleeper's wakeup) whenever this
+     * transport has news; around that wait, sleep_begin moves what it can
+     * and arms the notification (true: something happened, do not sleep),
+     * sleep_end disarms.  The thread ends in finalize. */
+    weft_status_t (*set_waker)(void *ctx, void (*fn)(void *), void *arg);
+    bool (*sleep_begin)(void *ctx);
+    void (*sleep_end)(void *ctx);
 };
 
 extern const struct weft_transport_ops weft_tcp_ops WEFT_HIDDEN;
 extern const struct weft_transport_ops weft_shm_ops WEFT_HIDDEN;
+#ifdef HAVE_VERBS
+extern const struct weft_transport_ops weft_verbs_ops WEFT_HIDDEN;
+/* Before connect(peer): the out-of-band (tcp) connection to that peer. */
+void weft_verbs_bind_oob(void *ctx, int peer, void *oob_conn) WEFT_HIDDEN;
+#endif
 
-/* For a communicator that sleeps in another transport's wait (tcp's poll):
- * a thread sleeps on our doorbell and calls fn(arg) (that transport's
- * wakeup) whenever a peer rings it.  The thread ends in shm_finalize. */
-weft_status_t weft_shm_set_waker(void *ctx, void (*fn)(void *), void *arg) WEFT_HIDDEN;
-/* Around that other wait: begin moves what it can and, if nothing moved
- * and no peer failed, raises our sleeping flag so that peers ring (true:
- * something happened, do not sleep); end lowers it. */
-bool weft_shm_sleep_begin(void *ctx) WEFT_HIDDEN;
-void weft_shm_sleep_end(void *ctx) WEFT_HIDDEN;
 
 #endif /* WEFT_TRANSPORT_H */

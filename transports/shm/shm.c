@@ -521,7 +521,7 @@ static void *waker_main(void *arg)
     return NULL;
 }
 
-weft_status_t weft_shm_set_waker(void *vctx, void (*fn)(void *), void *arg)
+static weft_status_t shm_set_waker(void *vctx, void (*fn)(void *), void *arg)
 {
     struct shm_ctx *ctx = vctx;
     if (ctx->waker_on)
@@ -547,7 +547,7 @@ void shm_waker_stop(struct shm_ctx *ctx)
     ctx->waker_on = false;
 }
 
-bool weft_shm_sleep_begin(void *vctx)
+static bool shm_sleep_begin(void *vctx)
 {
     struct shm_ctx *ctx = vctx;
     if (ctx_pass(ctx) || (ctx->nactive > 0 && ctx_check_peers(ctx)))
@@ -562,7 +562,7 @@ bool weft_shm_sleep_begin(void *vctx)
     return false;
 }
 
-void weft_shm_sleep_end(void *vctx)
+static void shm_sleep_end(void *vctx)
 {
     struct shm_ctx *ctx = vctx;
     atomic_store_explicit(&ctx->seg->sleeping, 0, memory_order_relaxed);
@@ -693,4 +693,7 @@ const struct weft_transport_ops weft_shm_ops = {
     .wakeup = shm_wakeup,
     .abort = shm_abort,
     .finalize = shm_finalize,
+    .set_waker = shm_set_waker,
+    .sleep_begin = shm_sleep_begin,
+    .sleep_end = shm_sleep_end,
 };

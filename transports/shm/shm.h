@@ -211,7 +211,7 @@ struct shm_ctx {
     struct shm_req *free_reqs;
     struct shm_slab *slabs;
     struct weft_shm_stats stats;
-    /* Sleeping in another transport (weft_shm_set_waker). */
+    /* Sleeping in another transport (shm_set_waker). */
     pthread_t waker;
     bool waker_on;
     _Atomic int waker_stop;

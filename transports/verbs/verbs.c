@@ -1,0 +1,666 @@
+/*
+ * verbs.c - the verbs transport's data path: receives described into the
+ * sender's FIFO, payloads written with RDMA WRITE WITH IMMEDIATE straight
+ * into the receiver's memory (registered) or a bounce buffer, striped
+ * across the connection's queue pairs; one completion queue per rank,
+ * polled by progress().  Setup lives in verbs_setup.c, memory in regcache.c.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "transports/verbs/verbs.h"
+
+/* Work request ids: a request or a queue pair (both 64-byte aligned), the
+ * low bits saying which and, for a send, the queue pair index. */
+enum { WR_SEND = 0, WR_RECV = 1, WR_FIFO = 2 };
+#define WR_KIND(id) ((id) & 3u)
+#define WR_QP(id) (((id) >> 2) & 7u)
+#define WR_PTR(id) ((void *)(uintptr_t)((id) & ~(uint64_t)63))
+#define VB_SIGNAL_EVERY 16
+
+const char *vb_wc_str(enum ibv_wc_status s)
+{
+    return ibv_wc_status_str(s);
+}
+
+/* ---- requests ------------------------------------------------------------- */
+
+static struct vb_req *req_get(struct vb_ctx *ctx)
+{
+    if (ctx->free_reqs == NULL) {
+        struct vb_slab *s;
+        if (posix_memalign((void **)&s, 64, sizeof(*s)) != 0)
+            return NULL;
+        memset(s, 0, sizeof(*s));
+        s->next = ctx->slabs;
+        ctx->slabs = s;
+        for (int i = VB_REQ_SLAB - 1; i >= 0; i--) {
+            s->reqs[i].next = ctx->free_reqs;
+            ctx->free_reqs = &s->reqs[i];
+        }
+    }
+    struct vb_req *r = ctx->free_reqs;
+    ctx->free_reqs = r->next;
+    memset(r, 0, sizeof(*r));
+    r->status = WEFT_INPROGRESS;
+    return r;
+}
+
+/* Back to the free list once the caller has it back and no completion is
+ * due; releases what it held. */
+static void req_release(struct vb_ctx *ctx, struct vb_req *r)
+{
+    if (!r->returned || r->wrs > 0)
+        return;
+    vb_rc_put(ctx, r->mr);
+    vb_bounce_put(ctx, r->bounce);
+    r->mr = NULL;
+    r->bounce = NULL;
+    r->next = ctx->free_reqs;
+    ctx->free_reqs = r;
+}
+
+static void req_finish(struct vb_req *r, weft_status_t st)
+{
+    if (r->status == WEFT_INPROGRESS)
+        r->status = st;
+}
+
+/* ---- connection failure ------------------------------------------------------ */
+
+void vb_work_add(struct vb_conn *c)
+{
+    if (c->on_work)
+        return;
+    c->on_work = true;
+    c->next_work = c->ctx->work;
+    c->ctx->work = c;
+}
+
+void vb_conn_fail(struct vb_conn *c, weft_status_t st, const char *fmt, ...)
+{
+    if (c->err != WEFT_OK)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
+    va_end(ap);
+    c->err = st;
+    c->state = VB_FAILED;
+    weft_error(c->ctx->comm, st, "%s", c->errmsg);
+    /* The queue pairs go to the error state: the hardware stops touching
+     * our buffers and flushes every outstanding work request, so the
+     * requests in flight learn of it from their completions. */
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+    for (int q = 0; q < c->nqps; q++)
+        if (c->qps[q].qp)
+            ibv_modify_qp(c->qps[q].qp, &a, IBV_QP_STATE);
+    for (struct vb_req *r = c->shead; r; r = r->next)
+        req_finish(r, st);
+    for (struct vb_req *r = c->rhead; r; r = r->next)
+        req_finish(r, st);
+    c->shead = c->stail = c->rhead = c->rtail = NULL;
+    for (int i = 0; i < VB_FIFO; i++) {
+        if (c->rslot[i]) {
+            req_finish(c->rslot[i], st);
+            c->rslot[i] = NULL;
+        }
+    }
+}
+
+/* ---- posting -------------------------------------------------------------------- */
+
+static bool sq_room(const struct vb_qp *q, uint32_t n)
+{
+    return q->sq_used + n <= VB_SQ_DEPTH - 1 && q->sig_head - q->sig_tail < VB_SQ_DEPTH - 1;
+}
+
+/* Posts a chain on q; `sig` is the signalled last WR (or none). */
+static int sq_post(struct vb_qp *q, struct ibv_send_wr *first, uint32_t n, bool last_signaled)
+{
+    struct ibv_send_wr *bad = NULL;
+    int rc = ibv_post_send(q->qp, first, &bad);
+    if (rc != 0)
+        return rc;
+    q->sq_used += n;
+    if (last_signaled) {
+        q->sig_retire[q->sig_head++ % VB_SQ_DEPTH] = q->unsignaled + 1;
+        q->unsignaled = 0;
+    } else {
+        q->unsignaled += n;
+    }
+    return 0;
+}
+
+static void sq_retire(struct vb_qp *q)
+{
+    if (q->sig_tail != q->sig_head)
+        q->sq_used -= q->sig_retire[q->sig_tail++ % VB_SQ_DEPTH];
+}
+
+weft_status_t vb_post_recv(struct vb_qp *q, int n)
+{
+    for (int i = 0; i < n; i++) {
+        struct ibv_recv_wr wr = {.wr_id = (uintptr_t)q | WR_RECV, .num_sge = 0}, *bad = NULL;
+        int rc = ibv_post_recv(q->qp, &wr, &bad);
+        if (rc != 0) {
+            vb_conn_fail(q->conn, WEFT_ERR_SYSTEM,
+                         "rank %d: %s port %d: cannot post a receive toward rank %d: %s",
+                         q->conn->ctx->rank, q->conn->ctx->devname, q->conn->ctx->port,
+                         q->conn->peer, strerror(rc));
+            return WEFT_ERR_SYSTEM;
+        }
+    }
+    return WEFT_OK;
+}
+
+/* Describes the oldest undescribed receive to the peer; false when it
+ * must wait (slot busy, queue full). */
+static bool describe_one(struct vb_conn *c)
+{
+    struct vb_ctx *ctx = c->ctx;
+    struct vb_req *r = c->rhead;
+    uint32_t slot = r->seq % VB_FIFO;
+    struct vb_qp *q = &c->qps[0];
+    if (c->rslot[slot] != NULL || !sq_room(q, 1))
+        return false;
+    uint64_t addr = 0;
+    uint32_t rkey = 0;
+    if (r->len > 0) {
+        r->mr = vb_rc_get(ctx, r->buf, r->len, ctx->regcache_all);
+        if (r->mr) {
+            addr = (uintptr_t)r->buf;
+            rkey = r->mr->mr->rkey;
+        } else if ((r->bounce = vb_bounce_get(ctx, r->len)) != NULL) {
+            addr = (uintptr_t)r->bounce->buf;
+            rkey = r->bounce->mr->rkey;
+        } else {
+            vb_conn_fail(c, WEFT_ERR_NO_MEMORY,
+                         "rank %d: %s: no memory for a %zu-byte bounce buffer (receive from "
+                         "rank %d)",
+                         ctx->rank, ctx->devname, r->len, c->peer);
+            return false;
+        }
+    }
+    struct vb_desc d = {.addr = addr, .len = r->len, .rkey = rkey, .seq = r->seq + 1};
+    struct ibv_sge sge = {.addr = (uintptr_t)&d, .length = sizeof(d), .lkey = 0};
+    bool sig = q->unsignaled + 1 >= VB_SIGNAL_EVERY;
+    struct ibv_send_wr wr = {
+        .wr_id = (uintptr_t)q | WR_FIFO,
+        .sg_list = &sge,
+        .num_sge = 1,
+        .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+        .send_flags = IBV_SEND_INLINE | (sig ? IBV_SEND_SIGNALED : 0),
+        .imm_data = htobe32(VB_IMM(VB_IMM_FIFO, 1, r->seq)),
+    };
+    wr.wr.rdma.remote_addr = c->peer_fifo + (uint64_t)slot * sizeof(struct vb_desc);
+    wr.wr.rdma.rkey = c->peer_fifo_rkey;
+    int rc = sq_post(q, &wr, 1, sig);
+    if (rc != 0) {
+        vb_conn_fail(c, WEFT_ERR_SYSTEM,
+                     "rank %d: %s port %d: cannot post a descriptor to rank %d: %s", ctx->rank,
+                     ctx->devname, ctx->port, c->peer, strerror(rc));
+        return false;
+    }
+    c->rhead = r->next;
+    if (c->rhead == NULL)
+        c->rtail = NULL;
+    r->next = NULL;
+    c->rslot[slot] = r;
+    c->rdesc++;
+    return true;
+}
+
+/* Writes the oldest send whose descriptor has arrived; false when it
+ * must wait. */
+static bool write_one(struct vb_conn *c)
+{
+    struct vb_ctx *ctx = c->ctx;
+    struct vb_req *r = c->shead;
+    uint32_t slot = r->seq % VB_FIFO;
+    if (!c->desc_seen[slot])
+        return false;
+    const volatile struct vb_desc *vd = &c->fifo[slot];
+    struct vb_desc d = {.addr = vd->addr, .len = vd->len, .rkey = vd->rkey, .seq = vd->seq};
+    if (d.seq != r->seq + 1) {
+        vb_conn_fail(c, WEFT_ERR_REMOTE,
+                     "rank %d: rank %d described message %u where %u was due (corrupt FIFO)",
+                     ctx->rank, c->peer, d.seq - 1, r->seq);
+        return false;
+    }
+    size_t len = r->len;
+    bool toolong = len > d.len;
+    uint32_t nstripes = 1;
+    if (!toolong && len >= 2 * (size_t)VB_MIN_STRIPE)
+        nstripes = (uint32_t)WEFT_MIN((size_t)c->nqps, len / VB_MIN_STRIPE);
+    /* Every stripe's pieces must fit its send queue at once. */
+    size_t stripe = toolong ? 0 : (len + nstripes - 1) / nstripes;
+    uint32_t pieces = stripe > VB_MAX_WR_BYTES ? (uint32_t)((stripe + VB_MAX_WR_BYTES - 1) / VB_MAX_WR_BYTES) : 1;
+    if (pieces > VB_SQ_DEPTH / 2)
+        pieces = VB_SQ_DEPTH / 2; /* not reachable below 64 GiB a stripe */
+    for (uint32_t s = 0; s < nstripes; s++)
+        if (!sq_room(&c->qps[s], pieces))
+            return false;
+    uint32_t lkey = 0;
+    const char *src = r->buf;
+    bool inl = len <= (size_t)ctx->max_inline;
+    if (!toolong && !inl && len > 0) {
+        r->mr = vb_rc_get(ctx, r->buf, len, ctx->regcache_all);
+        if (r->mr) {
+            lkey = r->mr->mr->lkey;
+        } else if ((r->bounce = vb_bounce_get(ctx, len)) != NULL) {
+            memcpy(r->bounce->buf, r->buf, len);
+            src = r->bounce->buf;
+            lkey = r->bounce->mr->lkey;
+        } else {
+            vb_conn_fail(c, WEFT_ERR_NO_MEMORY,
+                         "rank %d: %s: no memory for a %zu-byte bounce buffer (send to rank %d)",
+                         ctx->rank, ctx->devname, len, c->peer);
+            return false;
+        }
+    }
+    c->desc_seen[slot] = false;
+    c->shead = r->next;
+    if (c->shead == NULL)
+        c->stail = NULL;
+    r->next = NULL;
+    if (toolong) {
+        /* Tell the receiver (its request fails too), move no byte. */
+        struct ibv_send_wr wr = {
+            .wr_id = (uintptr_t)r | WR_SEND,
+            .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+            .send_flags = IBV_SEND_SIGNALED,
+            .imm_data = htobe32(VB_IMM(VB_IMM_TOOLONG, 1, r->seq)),
+        };
+        wr.wr.rdma.remote_addr = d.addr;
+        wr.wr.rdma.rkey = d.rkey;
+        r->wrs++;
+        int rc = sq_post(&c->qps[0], &wr, 1, true);
+        if (rc != 0)
+            r->wrs--;
+        req_finish(r, WEFT_ERR_REMOTE);
+        vb_conn_fail(c, WEFT_ERR_REMOTE,
+                     "rank %d: a %zu-byte message to rank %d is longer than the %llu bytes it "
+                     "posted",
+                     ctx->rank, len, c->peer, (unsigned long long)d.len);
+        return false;
+    }
+    r->bytes = len;
+    size_t off = 0;
+    for (uint32_t s = 0; s < nstripes; s++) {
+        size_t slen = WEFT_MIN(stripe, len - off);
+        struct ibv_sge sges[VB_SQ_DEPTH / 2];
+        struct ibv_send_wr wrs[VB_SQ_DEPTH / 2];
+        uint32_t n = 0;
+        size_t done = 0;
+        do {
+            size_t plen = WEFT_MIN(slen - done, (size_t)VB_MAX_WR_BYTES);
+            bool last = done + plen == slen || n + 1 == pieces;
+            if (last)
+                plen = slen - done;
+            sges[n] = (struct ibv_sge){(uintptr_t)(src + off + done), (uint32_t)plen, lkey};
+            wrs[n] = (struct ibv_send_wr){
+                .wr_id = (uintptr_t)r | WR_SEND | (uint64_t)s << 2,
+                .sg_list = &sges[n],
+                .num_sge = plen > 0 ? 1 : 0,
+                .opcode = last ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
+                .send_flags = (last ? IBV_SEND_SIGNALED : 0) | (inl && plen > 0 ? IBV_SEND_INLINE : 0),
+                .imm_data = last ? htobe32(VB_IMM(VB_IMM_DATA, nstripes, r->seq)) : 0,
+            };
+            wrs[n].wr.rdma.remote_addr = d.addr + off + done;
+            wrs[n].wr.rdma.rkey = d.rkey;
+            if (n > 0)
+                wrs[n - 1].next = &wrs[n];
+            done += plen;
+            n++;
+        } while (done < slen);
+        r->wrs++;
+        int rc = sq_post(&c->qps[s], &wrs[0], n, true);
+        if (rc != 0) {
+            r->wrs--;
+            req_finish(r, WEFT_ERR_SYSTEM);
+            vb_conn_fail(c, WEFT_ERR_SYSTEM,
+                         "rank %d: %s port %d: cannot post a write to rank %d: %s", ctx->rank,
+                         ctx->devname, ctx->port, c->peer, strerror(rc));
+            return false;
+        }
+        off += slen;
+    }
+    return true;
+}
+
+/* Moves what c can move now. */
+static void conn_push(struct vb_conn *c)
+{
+    if (c->state != VB_READY)
+        return;
+    while (c->rhead && describe_one(c))
+        ;
+    while (c->shead && c->state == VB_READY && write_one(c))
+        ;
+}
+
+/* ---- completions ---------------------------------------------------------------- */
+
+static void wc_fail(struct vb_conn *c, const struct ibv_wc *wc, const char *what)
+{
+    struct vb_ctx *ctx = c->ctx;
+    weft_status_t st = wc->status == IBV_WC_WR_FLUSH_ERR && c->err != WEFT_OK ? c->err
+                       : WEFT_ERR_REMOTE;
+    vb_conn_fail(c, st, "rank %d: %s port %d: %s toward rank %d failed: %s (status %d, vendor error 0x%x)",
+                 ctx->rank, ctx->devname, ctx->port, what, c->peer, vb_wc_str(wc->status),
+                 (int)wc->status, wc->vendor_err);
+}
+
+static void on_recv(struct vb_qp *q, const struct ibv_wc *wc)
+{
+    struct vb_conn *c = q->conn;
+    if (wc->status != IBV_WC_SUCCESS) {
+        wc_fail(c, wc, "a receive");
+        return;
+    }
+    if (vb_post_recv(q, 1) != WEFT_OK)
+        return;
+    uint32_t imm = be32toh(wc->imm_data);
+    uint32_t seq = VB_IMM_SEQ(imm);
+    if (!(wc->wc_flags & IBV_WC_WITH_IMM) || wc->opcode != IBV_WC_RECV_RDMA_WITH_IMM) {
+        vb_conn_fail(c, WEFT_ERR_REMOTE, "rank %d: rank %d sent a message without immediate data",
+                     c->ctx->rank, c->peer);
+        return;
+    }
+    if (VB_IMM_KIND(imm) == VB_IMM_FIFO) {
+        /* Descriptors travel on queue pair 0 only, in order. */
+        if (q->index != 0 || seq != (c->sdesc & 0xffffffu)) {
+            vb_conn_fail(c, WEFT_ERR_REMOTE,
+                         "rank %d: rank %d sent descriptor %u where %u was due", c->ctx->rank,
+                         c->peer, seq, c->sdesc & 0xffffffu);
+            return;
+        }
+        c->desc_seen[c->sdesc % VB_FIFO] = true;
+        c->sdesc++;
+        vb_work_add(c);
+        return;
+    }
+    struct vb_req *r = c->rslot[seq % VB_FIFO];
+    if (r == NULL || (r->seq & 0xffffffu) != seq || VB_IMM_KIND(imm) == 3) {
+        vb_conn_fail(c, WEFT_ERR_REMOTE,
+                     "rank %d: rank %d wrote message %u, which was not described", c->ctx->rank,
+                     c->peer, seq);
+        return;
+    }
+    if (VB_IMM_KIND(imm) == VB_IMM_TOOLONG) {
+        vb_conn_fail(c, WEFT_ERR_REMOTE,
+                     "rank %d: rank %d sent a message longer than the %zu bytes posted for it",
+                     c->ctx->rank, c->peer, r->len);
+        return;
+    }
+    r->stripes = VB_IMM_STRIPES(imm);
+    r->got++;
+    r->bytes += wc->byte_len;
+    if (r->got < r->stripes)
+        return;
+    if (r->bytes > r->len) {
+        vb_conn_fail(c, WEFT_ERR_REMOTE, "rank %d: rank %d wrote %zu bytes into a %zu-byte receive",
+                     c->ctx->rank, c->peer, r->bytes, r->len);
+        return;
+    }
+    if (r->bounce)
+        memcpy(r->buf, r->bounce->buf, r->bytes);
+    c->rslot[seq % VB_FIFO] = NULL;
+    req_finish(r, WEFT_OK);
+    req_release(c->ctx, r);
+    vb_work_add(c);
+}
+
+static void on_send(struct vb_req *r, struct vb_qp *q, const struct ibv_wc *wc)
+{
+    struct vb_conn *c = r->conn;
+    sq_retire(q);
+    r->wrs--;
+    if (wc->status != IBV_WC_SUCCESS) {
+        wc_fail(c, wc, "a write");
+        req_finish(r, c->err);
+    } else if (r->wrs == 0) {
+        req_finish(r, c->err != WEFT_OK ? c->err : WEFT_OK);
+    }
+    req_release(c->ctx, r);
+    vb_work_add(c);
+}
+
+/* Handles every completion waiting; returns how many. */
+static int poll_cq(struct vb_ctx *ctx)
+{
+    struct ibv_wc wc[32];
+    int total = 0, n;
+    while ((n = ibv_poll_cq(ctx->cq, 32, wc)) > 0) {
+        for (int i = 0; i < n; i++) {
+            uint64_t id = wc[i].wr_id;
+            if (WR_KIND(id) == WR_RECV) {
+                on_recv(WR_PTR(id), &wc[i]);
+            } else if (WR_KIND(id) == WR_FIFO) {
+                struct vb_qp *q = WR_PTR(id);
+                sq_retire(q);
+                if (wc[i].status != IBV_WC_SUCCESS)
+                    wc_fail(q->conn, &wc[i], "a descriptor write");
+            } else {
+                struct vb_req *r = WR_PTR(id);
+                on_send(r, &r->conn->qps[WR_QP(id)], &wc[i]);
+            }
+        }
+        total += n;
+    }
+    if (n < 0 && ctx->fatal == WEFT_OK) {
+        ctx->fatal = WEFT_ERR_SYSTEM;
+        snprintf(ctx->fatalmsg, sizeof(ctx->fatalmsg), "rank %d: %s: polling the completion queue failed",
+                 ctx->rank, ctx->devname);
+    }
+    return total;
+}
+
+/* ---- the vtable ------------------------------------------------------------------ */
+
+static weft_status_t post(void *vconn, void *buf, size_t bytes, bool is_send, void **out)
+{
+    struct vb_conn *c = vconn;
+    struct vb_ctx *ctx = c->ctx;
+    struct vb_req *r = req_get(ctx);
+    if (r == NULL)
+        return weft_error(ctx->comm, WEFT_ERR_NO_MEMORY, "rank %d: verbs: out of memory", ctx->rank);
+    r->conn = c;
+    r->is_send = is_send;
+    r->buf = buf;
+    r->len = bytes;
+    *out = r;
+    if (c->err != WEFT_OK) {
+        r->status = c->err;
+        return WEFT_OK;
+    }
+    if (c->peer_gone) {
+        vb_conn_fail(c, WEFT_ERR_REMOTE, "rank %d: rank %d closed its connection", ctx->rank,
+                     c->peer);
+        r->status = c->err;
+        return WEFT_OK;
+    }
+    if (is_send) {
+        r->seq = c->nsend++;
+        if (c->stail)
+            c->stail->next = r;
+        else
+            c->shead = r;
+        c->stail = r;
+    } else {
+        r->seq = c->nrecv++;
+        if (c->rtail)
+            c->rtail->next = r;
+        else
+            c->rhead = r;
+        c->rtail = r;
+    }
+    if (c->state == VB_IDLE && vb_conn_start(c) != WEFT_OK)
+        return WEFT_OK; /* the request carries the failure */
+    vb_work_add(c);
+    conn_push(c);
+    return WEFT_OK;
+}
+
+static weft_status_t vb_isend(void *conn, const void *buf, size_t bytes, void *mh, void **req)
+{
+    (void)mh;
+    return post(conn, (void *)buf, bytes, true, req);
+}
+
+static weft_status_t vb_irecv(void *conn, void *buf, size_t bytes, void *mh, void **req)
+{
+    (void)mh;
+    return post(conn, buf, bytes, false, req);
+}
+
+static weft_status_t vb_test(void *vreq, int *done, size_t *bytes)
+{
+    struct vb_req *r = vreq;
+    if (r == NULL || done == NULL)
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "verbs test: NULL argument");
+    if (r->status == WEFT_INPROGRESS) {
+        *done = 0;
+        return WEFT_OK;
+    }
+    struct vb_conn *c = r->conn;
+    weft_status_t st = r->status;
+    size_t n = r->bytes;
+    r->returned = true;
+    req_release(c->ctx, r);
+    *done = 1;
+    if (st < 0)
+        return weft_error_quiet(c->ctx->comm, st, "%s",
+                                c->err != WEFT_OK ? c->errmsg : c->ctx->fatalmsg);
+    if (bytes)
+        *bytes = n;
+    return WEFT_OK;
+}
+
+static weft_status_t vb_progress(void *vctx, int timeout_ms)
+{
+    (void)timeout_ms; /* never the transport a communicator sleeps in (tcp is) */
+    struct vb_ctx *ctx = vctx;
+    vb_async_drain(ctx);
+    poll_cq(ctx);
+    /* Exchanges in flight: every call.  Every connection's out-of-band
+     * receive (a peer that starts the exchange, or the watch that sees a
+     * peer exit): every millisecond, so that idle peers cost nothing. */
+    struct vb_conn **pp = &ctx->setup;
+    while (*pp) {
+        struct vb_conn *c = *pp;
+        vb_conn_setup(c);
+        if (c->oob_sreq[0] || c->oob_sreq[1] || (c->state == VB_WAIT_PEER && c->oob_rreq)) {
+            pp = &c->next_setup;
+        } else {
+            *pp = c->next_setup;
+            c->on_setup = false;
+        }
+    }
+    uint64_t now = weft_now_ns();
+    if (now >= ctx->next_sweep) {
+        ctx->next_sweep = now + 1000000;
+        for (int p = 0; p < ctx->nranks; p++)
+            if (ctx->conns[p] && !ctx->conns[p]->on_setup && ctx->conns[p]->oob_rreq)
+                vb_conn_setup(ctx->conns[p]);
+    }
+    struct vb_conn *list = ctx->work;
+    ctx->work = NULL;
+    while (list) {
+        struct vb_conn *c = list;
+        list = c->next_work;
+        c->on_work = false;
+        conn_push(c);
+    }
+    poll_cq(ctx);
+    if (ctx->fatal != WEFT_OK)
+        return weft_error(ctx->comm, ctx->fatal, "%s", ctx->fatalmsg);
+    return WEFT_OK;
+}
+
+static void vb_wakeup(void *vctx)
+{
+    (void)vctx; /* progress never waits */
+}
+
+static void vb_abort(void *vctx, weft_status_t status, const char *why)
+{
+    struct vb_ctx *ctx = vctx;
+    for (int p = 0; p < ctx->nranks; p++)
+        if (ctx->conns[p])
+            vb_conn_fail(ctx->conns[p], status, "rank %d: %s", ctx->rank, why);
+}
+
+/* ---- sleeping in another transport's wait ------------------------------------------- */
+
+static void *waker_main(void *arg)
+{
+    struct vb_ctx *ctx = arg;
+    for (;;) {
+        struct pollfd p[2] = {{ctx->chan->fd, POLLIN, 0}, {ctx->stopfd, POLLIN, 0}};
+        if (poll(p, 2, -1) < 0 && errno != EINTR)
+            break;
+        if (p[1].revents)
+            break;
+        struct ibv_cq *cq;
+        void *cq_ctx;
+        if (p[0].revents && ibv_get_cq_event(ctx->chan, &cq, &cq_ctx) == 0) {
+            ibv_ack_cq_events(cq, 1);
+            ctx->wake_fn(ctx->wake_arg);
+        }
+    }
+    return NULL;
+}
+
+static weft_status_t vb_set_waker(void *vctx, void (*fn)(void *), void *arg)
+{
+    struct vb_ctx *ctx = vctx;
+    ctx->wake_fn = fn;
+    ctx->wake_arg = arg;
+    int rc = pthread_create(&ctx->waker, NULL, waker_main, ctx);
+    if (rc != 0)
+        return weft_error(ctx->comm, WEFT_ERR_SYSTEM, "rank %d: verbs: cannot start a thread: %s",
+                          ctx->rank, strerror(rc));
+    ctx->waker_on = true;
+    return WEFT_OK;
+}
+
+static bool vb_sleep_begin(void *vctx)
+{
+    struct vb_ctx *ctx = vctx;
+    int n = poll_cq(ctx);
+    if (ibv_req_notify_cq(ctx->cq, 0) != 0)
+        return true; /* cannot be woken: do not sleep */
+    /* What landed between the poll and the arming raised no event. */
+    n += poll_cq(ctx);
+    return n > 0 || ctx->work != NULL || ctx->fatal != WEFT_OK;
+}
+
+static void vb_sleep_end(void *vctx)
+{
+    (void)vctx;
+}
+
+const struct weft_transport_ops weft_verbs_ops = {
+    .name = "verbs",
+    .init = vb_init,
+    .connect = vb_connect,
+    .reg_mem = vb_reg_mem,
+    .dereg_mem = vb_dereg_mem,
+    .isend = vb_isend,
+    .irecv = vb_irecv,
+    .test = vb_test,
+    .progress = vb_progress,
+    .wakeup = vb_wakeup,
+    .abort = vb_abort,
+    .finalize = vb_finalize,
+    .set_waker = vb_set_waker,
+    .sleep_begin = vb_sleep_begin,
+    .sleep_end = vb_sleep_end,
+};

@@ -1,0 +1,281 @@
+/*
+ * verbs.h - private to the verbs transport: the wire formats (published
+ * address, queue-pair info, immediate data), the request, connection and
+ * context structs shared by the data path (verbs.c), the setup
+ * (verbs_setup.c) and the registration cache (regcache.c).
+ *
+ * Protocol, per connection (one set of RC queue pairs per peer, both
+ * directions): the receiver of message k writes a descriptor {addr, len,
+ * rkey, seq} into slot k % VB_FIFO of the sender's FIFO with an inline
+ * RDMA WRITE WITH IMMEDIATE; the sender, woken by that completion, writes
+ * the payload straight into the described buffer, striped across the
+ * queue pairs, each stripe ending in a WRITE WITH IMMEDIATE.  Descriptors
+ * are the credits: at most VB_FIFO messages are described at once, and
+ * every queue pair keeps enough receives posted for all of them, so no
+ * write ever meets an empty receive queue.
+ */
+#ifndef WEFT_TRANSPORT_VERBS_H
+#define WEFT_TRANSPORT_VERBS_H
+
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/comm.h"
+#include "transports/transport.h"
+
+#define VB_FIFO 32                 /* messages described at once per direction */
+#define VB_MAX_QPS 8               /* WEFT_IB_QPS_PER_CONNECTION upper bound */
+#define VB_MIN_STRIPE 65536        /* bytes; smaller messages use one QP */
+#define VB_MAX_WR_BYTES (1u << 30) /* one work request moves at most this */
+#define VB_INLINE 64               /* payloads this small go inline */
+#define VB_SQ_DEPTH (4 * VB_FIFO + 16)
+#define VB_CQ_DEPTH 4096
+#define VB_ERRMSG_LEN 384
+#define VB_ADDR_MAGIC 0x31425657u  /* "WVB1" */
+#define VB_INFO_MAGIC 0x31515657u  /* "WVQ1" */
+#define VB_REQ_SLAB 64
+
+/* Immediate data: kind in bits 31-30, stripes - 1 in 29-24, seq in 23-0. */
+enum { VB_IMM_DATA = 0, VB_IMM_FIFO = 1, VB_IMM_TOOLONG = 2 };
+#define VB_IMM(kind, nstripes, seq)                                                     \
+    ((uint32_t)(kind) << 30 | (uint32_t)((nstripes) - 1) << 24 | ((uint32_t)(seq) & 0xffffffu))
+#define VB_IMM_KIND(imm) ((imm) >> 30)
+#define VB_IMM_STRIPES(imm) ((((imm) >> 24) & 0x3fu) + 1)
+#define VB_IMM_SEQ(imm) ((imm) & 0xffffffu)
+#define VB_MAX_STRIPES 64
+
+/* What a rank publishes in the rank table: its port, little endian. */
+struct vb_addr {
+    uint32_t magic;
+    uint16_t version;
+    uint8_t link_layer; /* IBV_LINK_LAYER_* */
+    uint8_t port;
+    uint16_t lid;
+    uint8_t mtu;        /* enum ibv_mtu, active */
+    uint8_t nqps;
+    uint8_t gid[16];
+    uint32_t gid_index;
+    char dev[32];
+};
+
+/* What two ranks exchange over their authenticated tcp connection to join
+ * their queue pairs (fixed size, little endian). */
+struct vb_qpinfo {
+    uint32_t magic;
+    uint32_t nqps;
+    uint32_t qpn[VB_MAX_QPS];
+    uint32_t psn[VB_MAX_QPS];
+    uint64_t fifo_addr;  /* our FIFO: the peer writes descriptors there */
+    uint32_t fifo_rkey;
+    uint32_t mtu;
+    uint32_t lid;
+    uint8_t gid[16];
+};
+
+/* One FIFO slot: a receive buffer described to the sender. */
+struct vb_desc {
+    uint64_t addr;
+    uint64_t len;
+    uint32_t rkey;
+    uint32_t seq;   /* the message's sequence number + 1 (0: never written) */
+    uint64_t pad;
+};
+_Static_assert(sizeof(struct vb_desc) == 32, "a descriptor is 32 bytes");
+_Static_assert(sizeof(struct vb_addr) <= WEFT_TRANSPORT_ADDR_MAX, "vb_addr must fit");
+
+struct vb_ctx;
+struct vb_conn;
+
+/*
+ * A registered range.  Owner: the cache (ctx->rc), which keeps entries
+ * sorted by start; refs counts requests and user registrations holding it
+ * (an entry with refs > 0 is never evicted); pinned entries (from
+ * weft_mem_register) stay until deregistered.
+ */
+struct vb_mr {
+    uintptr_t start, end;  /* page aligned, end exclusive */
+    struct ibv_mr *mr;
+    uint32_t refs;
+    uint64_t tick;         /* last use, for LRU */
+};
+
+struct vb_regcache {
+    struct vb_mr **v;      /* (cap) sorted by start */
+    size_t n, cap;
+    size_t bytes, max_bytes;
+    uint64_t tick;
+    uint64_t hits, misses, evictions;
+};
+
+/* A registered buffer of the bounce pool (size a power of two). */
+struct vb_bounce {
+    struct vb_bounce *next;
+    size_t size;
+    char *buf;
+    struct ibv_mr *mr;
+};
+
+/*
+ * One isend or irecv.  Owner: the transport (ctx's free list); the caller
+ * borrows it until test() says done.  `wrs` counts the work requests of
+ * this request whose completion is still due: a request is recycled only
+ * when it has been returned to the caller AND wrs is 0, so a late
+ * completion never touches a recycled request.
+ */
+struct vb_req {
+    struct vb_req *next;        /* conn queue or free list */
+    struct vb_conn *conn;
+    bool is_send, returned;
+    char *buf;
+    size_t len;                 /* bytes posted */
+    size_t bytes;               /* send: message bytes; recv: bytes landed */
+    uint32_t seq;               /* message number in its direction */
+    uint32_t stripes, got;      /* recv: stripes announced, stripes landed */
+    uint32_t wrs;               /* completions still due */
+    weft_status_t status;
+    struct vb_mr *mr;           /* cache entry holding buf, or NULL */
+    struct vb_bounce *bounce;   /* bounce buffer in use, or NULL */
+} __attribute__((aligned(64))); /* its address is a work request id */
+
+struct vb_qp {
+    struct ibv_qp *qp;
+    struct vb_conn *conn;
+    int index;
+    uint32_t sq_used;                 /* WRs posted, not yet retired */
+    uint32_t unsignaled;              /* since the last signalled one */
+    uint32_t sig_retire[VB_SQ_DEPTH]; /* per signalled WR, in post order: WRs it retires */
+    uint32_t sig_head, sig_tail;
+} __attribute__((aligned(64))); /* its address is a work request id */
+
+enum { VB_IDLE, VB_WAIT_PEER, VB_READY, VB_FAILED };
+enum { VB_PH_INFO, VB_PH_READY, VB_PH_WATCH };
+
+/*
+ * Everything toward one peer.  Owner: ctx (conns[peer]).  Sends and
+ * receives each queue in posting order; `sdesc` counts descriptors the
+ * peer has written into our FIFO, `rdesc` those we wrote into the peer's.
+ */
+struct vb_conn {
+    struct vb_ctx *ctx;
+    int peer;
+    int state;
+    struct vb_addr addr;             /* peer's published port */
+    void *oob;                       /* tcp conn to the peer */
+    void *oob_rreq;                  /* the receive of this phase */
+    void *oob_sreq[2];               /* our info, our ready */
+    int phase;                       /* VB_PH_*: what oob_rreq receives */
+    uint32_t ready_out, ready_in;
+    uint8_t watch_byte;              /* the watch's buffer: nothing may arrive */
+    struct vb_qpinfo mine, theirs;
+    bool peer_gone;                  /* the watch saw the peer leave while idle */
+    int nqps;
+    struct vb_qp qps[VB_MAX_QPS];
+    struct vb_desc *fifo;            /* (VB_FIFO) ours, written by the peer */
+    uint64_t peer_fifo;
+    uint32_t peer_fifo_rkey;
+    /* sends */
+    struct vb_req *shead, *stail;    /* posted, not yet written */
+    uint32_t nsend;                  /* sends posted */
+    uint32_t sdesc;                  /* descriptors arrived */
+    bool desc_seen[VB_FIFO];         /* slot holds an unread descriptor */
+    /* receives */
+    struct vb_req *rhead, *rtail;    /* posted, not yet described */
+    uint32_t nrecv;                  /* receives posted */
+    uint32_t rdesc;                  /* descriptors written */
+    struct vb_req *rslot[VB_FIFO];   /* described receives, by seq % VB_FIFO */
+    weft_status_t err;
+    char errmsg[VB_ERRMSG_LEN];
+    struct vb_conn *next_work;       /* ctx work list: something to move */
+    struct vb_conn *next_setup;      /* ctx setup list: exchange in flight */
+    bool on_work, on_setup;
+};
+
+struct vb_slab {
+    struct vb_slab *next;
+    struct vb_req reqs[VB_REQ_SLAB];
+};
+
+/*
+ * One rank's verbs transport.  Owner: the engine via init/finalize.  One
+ * thread drives it at a time; the waker thread only reads the completion
+ * channel and calls the sleeper's wakeup.
+ */
+struct vb_ctx {
+    struct weft_comm *comm;
+    int rank, nranks;
+    const struct weft_transport_ops *oob_ops; /* tcp */
+    void *oob_ctx;
+    void **oob_conn;                /* (nranks) from weft_verbs_bind_oob */
+    struct ibv_context *dev;
+    struct ibv_pd *pd;
+    struct ibv_comp_channel *chan;
+    struct ibv_cq *cq;
+    char devname[64];
+    int port, nqps;
+    struct vb_addr me;
+    struct ibv_port_attr pattr;
+    int timeout, retry_cnt, tc, sl, max_inline;
+    bool regcache_all;              /* WEFT_IB_REGCACHE: cache any user buffer */
+    struct vb_conn **conns;         /* (nranks) */
+    struct vb_conn *work;           /* conns with something to do */
+    struct vb_conn *setup;          /* conns whose exchange is in flight */
+    uint64_t next_sweep;            /* ns: next look at every conn's out-of-band receive */
+    struct vb_req *free_reqs;
+    struct vb_slab *slabs;
+    struct vb_regcache rc;
+    struct vb_bounce *bounce_free;
+    size_t bounce_cached, bounce_max;
+    struct ibv_mr *fifo_mr;
+    char *fifo_mem;                 /* (nranks * VB_FIFO) descriptors, registered once */
+    weft_status_t fatal;            /* set by a fatal async event */
+    char fatalmsg[VB_ERRMSG_LEN];
+    pthread_t waker;
+    bool waker_on;
+    int stopfd;                     /* eventfd: ends the waker */
+    void (*wake_fn)(void *);
+    void *wake_arg;
+    bool armed;
+};
+
+/* ---- verbs.c ------------------------------------------------------------------ */
+void vb_conn_fail(struct vb_conn *c, weft_status_t st, const char *fmt, ...) WEFT_HIDDEN
+    WEFT_PRINTF(3, 4);
+void vb_work_add(struct vb_conn *c) WEFT_HIDDEN;
+/* Posts n receives (no buffer: writes with immediate carry their own). */
+weft_status_t vb_post_recv(struct vb_qp *q, int n) WEFT_HIDDEN;
+/* The one-line name of a completion status, for messages. */
+const char *vb_wc_str(enum ibv_wc_status s) WEFT_HIDDEN;
+
+/* ---- verbs_setup.c ------------------------------------------------------------ */
+/* Creates c's queue pairs (INIT, receives posted) and sends our info. */
+weft_status_t vb_conn_start(struct vb_conn *c) WEFT_HIDDEN;
+/* Advances the out-of-band exchange; returns true if something moved. */
+bool vb_conn_setup(struct vb_conn *c) WEFT_HIDDEN;
+/* (Pure) the peer's info, n bytes from the wire, for conn c. */
+weft_status_t vb_qpinfo_check(const struct vb_qpinfo *q, size_t n, int nqps, char *why,
+                              size_t whylen) WEFT_HIDDEN;
+/* Reads one async event if any; a fatal one fails the context. */
+void vb_async_drain(struct vb_ctx *ctx) WEFT_HIDDEN;
+weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void *addr,
+                      size_t *addrlen) WEFT_HIDDEN;
+weft_status_t vb_connect(void *vctx, int peer, const void *addr, size_t addrlen,
+                         void **vconn) WEFT_HIDDEN;
+void vb_finalize(void *vctx) WEFT_HIDDEN;
+
+/* ---- regcache.c --------------------------------------------------------------- */
+/* The entry covering [buf, buf + len), registering it when absent (and
+ * `any` or it lies in a pinned range); takes a reference.  NULL: not
+ * registered (the caller bounces). */
+struct vb_mr *vb_rc_get(struct vb_ctx *ctx, const void *buf, size_t len, bool any) WEFT_HIDDEN;
+void vb_rc_put(struct vb_ctx *ctx, struct vb_mr *m) WEFT_HIDDEN;
+/* weft_mem_register: a pinned entry (refs held until dereg). */
+weft_status_t vb_reg_mem(void *vctx, void *buf, size_t bytes, void **mh) WEFT_HIDDEN;
+weft_status_t vb_dereg_mem(void *vctx, void *mh) WEFT_HIDDEN;
+void vb_rc_fini(struct vb_ctx *ctx) WEFT_HIDDEN;
+struct vb_bounce *vb_bounce_get(struct vb_ctx *ctx, size_t bytes) WEFT_HIDDEN;
+void vb_bounce_put(struct vb_ctx *ctx, struct vb_bounce *b) WEFT_HIDDEN;
+
+#endif /* WEFT_TRANSPORT_VERBS_H */
