@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config.h" /* HAVE_VERBS */
 #include "src/internal.h"
 #include "src/sock.h"
 

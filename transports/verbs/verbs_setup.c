@@ -28,6 +28,7 @@
 #include "transports/verbs/verbs.h"
 
 #define VB_READY_MAGIC 0x59445257u /* "WRDY" */
+#define VB_BYE 0x42 /* "B" on the watch: the peer destroys its communicator */
 
 static const char *link_name(int ll)
 {
@@ -271,6 +272,15 @@ static void oob_received(struct vb_conn *c, weft_status_t st, size_t n)
         st = ctx->oob_ops->irecv(c->oob, &c->watch_byte, 1, NULL, &c->oob_rreq);
         break;
     default:
+        if (n == 1 && c->watch_byte == VB_BYE) {
+            /* The peer is destroying its communicator. */
+            if (conn_pending(c))
+                vb_conn_fail(c, WEFT_ERR_REMOTE,
+                             "rank %d: rank %d left while requests toward it were pending",
+                             ctx->rank, c->peer);
+            c->peer_gone = true;
+            return;
+        }
         vb_conn_fail(c, WEFT_ERR_REMOTE,
                      "rank %d: rank %d sent bytes on its verbs watch connection", ctx->rank,
                      c->peer);
@@ -595,11 +605,40 @@ weft_status_t vb_connect(void *vctx, int peer, const void *addr, size_t addrlen,
     return WEFT_OK;
 }
 
+/* Says goodbye on every watch, so that peers see a departure and not a
+ * failure; waits for the bytes to leave, at most 200 ms. */
+static void say_bye(struct vb_ctx *ctx)
+{
+    static const uint8_t bye = VB_BYE;
+    void **req = calloc((size_t)ctx->nranks, sizeof(*req));
+    int left = 0;
+    for (int p = 0; req && p < ctx->nranks; p++) {
+        struct vb_conn *c = ctx->conns[p];
+        if (c && c->phase == VB_PH_WATCH && c->err == WEFT_OK && !c->peer_gone &&
+            ctx->oob_ops->isend(c->oob, &bye, 1, NULL, &req[p]) == WEFT_OK)
+            left++;
+    }
+    uint64_t end = weft_now_ns() + 200000000ull;
+    while (left > 0 && weft_now_ns() < end) {
+        ctx->oob_ops->progress(ctx->oob_ctx, 1);
+        for (int p = 0; p < ctx->nranks; p++) {
+            int done = 0;
+            if (req[p] && (ctx->oob_ops->test(req[p], &done, NULL) != WEFT_OK || done)) {
+                req[p] = NULL;
+                left--;
+            }
+        }
+    }
+    free(req);
+}
+
 void vb_finalize(void *vctx)
 {
     struct vb_ctx *ctx = vctx;
     if (ctx == NULL)
         return;
+    if (ctx->conns && ctx->oob_ctx)
+        say_bye(ctx);
     if (ctx->waker_on) {
         uint64_t one = 1;
         if (write(ctx->stopfd, &one, sizeof(one)) < 0)
