@@ -45,6 +45,8 @@ static const struct weft_param_desc table[] = {
     {"WEFT_IB_QPS_PER_CONNECTION", "int", "1", "queue pairs per connection; messages are split over them", "NCCL_IB_QPS_PER_CONNECTION"},
     {"WEFT_IB_CM", "str", "auto",
      "connection setup: auto (librdmacm when it resolves the peer, else oob), oob, rdmacm", NULL},
+    {"WEFT_IB_REGCACHE", "int", "0",
+     "1: register any user buffer once and keep it (zero-copy; the program must not unmap memory weft has seen while the communicator lives); 0: only weft_mem_register'd memory is zero-copy, the rest goes through registered bounce buffers", NULL},
     {"WEFT_IB_SYSFS", "str", "/sys", "sysfs root the verbs transport reads GID types from (tests point it at fixtures)", NULL},
     {"WEFT_BIND", "int", "0", "1: pin each rank's threads to one CPU of those allowed, the k-th rank of a machine to the k-th CPU (0: the kernel places them)", NULL},
     {"WEFT_CALIBRATE", "int", "1", "1: time a short ping-pong between ring neighbours at init and start the link table from it; 0: built-in defaults", NULL},

@@ -795,6 +795,33 @@ static void run_forced(int p, const char *transport, const char *hosts, const ch
         setenv("WEFT_TEST_HOSTS", hosts, 1);
     run_job(p, 180, algo, force, ALGO_PARTS);
 }
+
+/* The matrix over the verbs transport on the software verbs device
+ * (tests/softverbs), each family forced: tests/verbs.sh runs this suite
+ * with the device preloaded; without it, the suite skips.  "verbs" alone
+ * leaves no other way between ranks; "shm,verbs" across posed hosts makes
+ * verbs carry every byte between them. */
+static void run_verbs(int p, const char *hosts, const char *algo, int force)
+{
+    if (!getenv("WEFT_TEST_SOFTVERBS"))
+        cr_skip_test("needs the software verbs device preloaded (tests/verbs.sh)");
+    setenv("WEFT_IB_TIMEOUT", "14", 1);
+    run_forced(p, hosts ? "shm,verbs" : "verbs", hosts, algo, force);
+}
+Test(verbs, ring_4, .timeout = 300) { run_verbs(4, NULL, "ring", WEFT_ALGO_RING); }
+Test(verbs, tree_5, .timeout = 300) { run_verbs(5, NULL, "tree", WEFT_ALGO_TREE); }
+Test(verbs, rhd_3, .timeout = 300) { run_verbs(3, NULL, "rhd", WEFT_ALGO_RHD); }
+Test(verbs, direct_4, .timeout = 300) { run_verbs(4, NULL, "direct", WEFT_ALGO_DIRECT); }
+Test(verbs, hier_2_hosts_of_2, .timeout = 300) { run_verbs(4, "2", "hier", WEFT_ALGO_HIER); }
+Test(verbs, auto_2_hosts_of_2, .timeout = 300) { run_verbs(4, "2", NULL, -1); }
+Test(verbs, qps_2_chunk_4k_regcache, .timeout = 300)
+{
+    setenv("WEFT_IB_QPS_PER_CONNECTION", "2", 1);
+    setenv("WEFT_IB_REGCACHE", "1", 1);
+    setenv("WEFT_CHUNK_SIZE", "4096", 1);
+    run_verbs(3, NULL, "ring", WEFT_ALGO_RING);
+}
+
 Test(algo, ring_shm_5, .timeout = 200) { run_forced(5, NULL, NULL, "ring", WEFT_ALGO_RING); }
 Test(algo, ring_tcp_3, .timeout = 200)
 {

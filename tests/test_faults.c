@@ -212,6 +212,8 @@ static int init_proc(int rank, int nranks, const weft_unique_id_t *id, void *arg
 
 static void run_case(enum fault f, enum phase p, const char *transport)
 {
+    if (strcmp(transport, "verbs") == 0 && !getenv("WEFT_TEST_SOFTVERBS"))
+        cr_skip_test("needs the software verbs device preloaded (tests/verbs.sh)");
     B = mmap(NULL, sizeof(*B), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     cr_assert(B != MAP_FAILED);
     memset(B, 0, sizeof(*B));
@@ -313,6 +315,69 @@ FAULT_ROW(CLOSE, IDLE)
 FAULT_ROW(GARBAGE, INIT)
 FAULT_ROW(GARBAGE, COLL)
 FAULT_ROW(GARBAGE, IDLE)
+/* Over verbs on the software device (tests/verbs.sh preloads it): a peer
+ * killed or stopped in the middle of the loop or while idle. */
+FAULT_CASE(KILL, COLL, verbs)
+FAULT_CASE(KILL, IDLE, verbs)
+FAULT_CASE(STOP, COLL, verbs)
+FAULT_CASE(KILL, INIT, verbs)
+
+/* Faults the software verbs device injects (WEFT_SOFTVERBS_FAULT, in
+ * every rank's device: the harness's ranks share one environment): a
+ * failed completion, a queue pair killed, the port going down.  Every
+ * rank must end with an error naming a rank, within the timeout; none
+ * may hang. */
+static void run_inject(const char *spec)
+{
+    if (!getenv("WEFT_TEST_SOFTVERBS"))
+        cr_skip_test("needs the software verbs device preloaded (tests/verbs.sh)");
+    B = mmap(NULL, sizeof(*B), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    cr_assert(B != MAP_FAILED);
+    memset(B, 0, sizeof(*B));
+    B->fault = F_CLOSE + 100; /* none of the self-made faults */
+    B->phase = P_COLL;
+    char tmo[16];
+    snprintf(tmo, sizeof(tmo), "%d", TIMEOUT_MS);
+    setenv("WEFT_TIMEOUT_MS", tmo, 1);
+    setenv("WEFT_TRANSPORT", "verbs", 1);
+    setenv("WEFT_IB_TIMEOUT", "14", 1);
+    setenv("WEFT_SOFTVERBS_FAULT", spec, 1);
+    setenv("WEFT_DEBUG", "NONE", 1);
+    struct weft_test_job job;
+    mark_fault();
+    cr_assert_eq(weft_test_job_start(&job, NRANKS, body, NULL), 0);
+    job.quiet = true;
+    uint64_t fault_ns = atomic_load(&B->fault_ns);
+    uint64_t end = weft_now_ns() + (uint64_t)(TIMEOUT_MS + 20000) * 1000000ull;
+    for (;;) {
+        int n = 0;
+        for (int r = 0; r < NRANKS; r++)
+            n += atomic_load(&B->done[r]);
+        if (n == NRANKS || weft_now_ns() > end)
+            break;
+        sleep_ms(5);
+    }
+    weft_test_job_wait(&job, 10);
+    for (int r = 0; r < NRANKS; r++) {
+        cr_assert(atomic_load(&B->done[r]), "rank %d never ended (hung: %d, exit %d)", r,
+                  job.hung[r], weft_test_job_exit_code(&job, r));
+        double ms = (double)(int64_t)(B->end_ns[r] - fault_ns) / 1e6;
+        printf("inject %-16s: rank %d %-7s after %6.0f ms, %d collectives: %s\n", spec, r,
+               weft_status_string(B->status[r]), ms, atomic_load(&B->iters[r]), B->msg[r]);
+        cr_expect(B->status[r] == WEFT_ERR_REMOTE || B->status[r] == WEFT_ERR_TIMEOUT ||
+                      B->status[r] == WEFT_ERR_SYSTEM,
+                  "rank %d ended with %s: %s", r, weft_status_string(B->status[r]), B->msg[r]);
+        cr_expect(strstr(B->msg[r], "rank") != NULL, "rank %d: message names no rank: %s", r,
+                  B->msg[r]);
+    }
+    fflush(stdout);
+    munmap(B, sizeof(*B));
+}
+
+Test(faults, inject_failed_completion_verbs, .timeout = 60) { run_inject("fail=300"); }
+Test(faults, inject_access_error_verbs, .timeout = 60) { run_inject("fail=300:rem_access"); }
+Test(faults, inject_killed_qp_verbs, .timeout = 60) { run_inject("kill_qp=300"); }
+Test(faults, inject_port_down_verbs, .timeout = 60) { run_inject("port_down=1500"); }
 
 /* ---- shrink after a failure -------------------------------------------------------------- */
 

@@ -241,8 +241,9 @@ static void oob_received(struct vb_conn *c, weft_status_t st, size_t n)
             c->peer_gone = true; /* the peer finished and left: fine until used */
             return;
         }
-        vb_conn_fail(c, WEFT_ERR_REMOTE, "rank %d: rank %d is gone (its tcp connection failed: %s)",
-                     ctx->rank, c->peer, weft_thread_last_error());
+        vb_conn_fail(c, WEFT_ERR_REMOTE,
+                     "rank %d: rank %d is gone (its tcp connection closed or failed)", ctx->rank,
+                     c->peer);
         return;
     }
     switch (c->phase) {
