@@ -1,0 +1,1164 @@
+/* test_softverbs.c - the software verbs device (tests/softverbs) against
+ * the real libibverbs: every test forks one or two peers that re-execute
+ * this binary with the device preloaded, exchange QP numbers, GIDs, rkeys
+ * and addresses over a socketpair, and check what hardware would do. */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef SOFTVERBS_LIB
+#error "SOFTVERBS_LIB must name build/.libs/libweft-softverbs.so"
+#endif
+
+/* ---- peer side: runs with the device preloaded ---- */
+
+extern char **environ;
+
+static const char *role = "?";
+static int peer_fd = -1;
+
+#define CHECK(c)                                                                        \
+    do {                                                                                \
+        if (!(c)) {                                                                     \
+            fprintf(stderr, "peer %s: %s:%d: CHECK(%s) failed (errno %d: %s)\n", role,  \
+                    __FILE__, __LINE__, #c, errno, strerror(errno));                    \
+            exit(1);                                                                    \
+        }                                                                               \
+    } while (0)
+
+struct info {
+    uint32_t qpn, rkey;
+    uint16_t lid;
+    union ibv_gid gid;
+    uint64_t addr;
+    pid_t pid;
+};
+
+struct side {
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    struct ibv_comp_channel *ch;
+    struct ibv_cq *cq;
+    struct ibv_qp *qp;
+    struct ibv_mr *mr;
+    char *buf;
+    size_t len;
+    int gid_index;
+};
+
+struct qpopt {
+    int sq, rq;
+    uint8_t timeout, retry, rnr_retry, min_rnr;
+    int access;
+    bool channel;
+};
+
+static const struct qpopt dflt = {64, 64, 14, 2, 7, 1,
+                                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                      IBV_ACCESS_REMOTE_READ,
+                                  false};
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void full_io(bool wr, void *p, size_t n)
+{
+    char *c = p;
+
+    while (n) {
+        ssize_t r = wr ? write(peer_fd, c, n) : read(peer_fd, c, n);
+
+        CHECK(r > 0);
+        c += r;
+        n -= (size_t)r;
+    }
+}
+
+static void sync_peer(void)
+{
+    char b = 1;
+
+    full_io(true, &b, 1);
+    full_io(false, &b, 1);
+}
+
+static void open_side(struct side *s, size_t len, const struct qpopt *o)
+{
+    struct ibv_device **list = ibv_get_device_list(NULL);
+    struct ibv_qp_init_attr ia = {0};
+    struct ibv_port_attr pa;
+
+    memset(s, 0, sizeof(*s));
+    CHECK(list && list[0]);
+    s->ctx = ibv_open_device(list[0]);
+    CHECK(s->ctx);
+    ibv_free_device_list(list);
+    CHECK(ibv_query_port(s->ctx, 1, &pa) == 0);
+    s->gid_index = pa.link_layer == IBV_LINK_LAYER_ETHERNET ? 1 : 0;
+    s->pd = ibv_alloc_pd(s->ctx);
+    CHECK(s->pd);
+    if (o->channel) {
+        s->ch = ibv_create_comp_channel(s->ctx);
+        CHECK(s->ch);
+    }
+    s->cq = ibv_create_cq(s->ctx, 256, s, s->ch, 0);
+    CHECK(s->cq);
+    s->len = len;
+    s->buf = calloc(1, len ? len : 1);
+    CHECK(s->buf);
+    s->mr = ibv_reg_mr(s->pd, s->buf, len, o->access);
+    CHECK(s->mr);
+    ia.send_cq = ia.recv_cq = s->cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = (uint32_t)o->sq;
+    ia.cap.max_recv_wr = (uint32_t)o->rq;
+    ia.cap.max_send_sge = ia.cap.max_recv_sge = 4;
+    ia.cap.max_inline_data = 64;
+    s->qp = ibv_create_qp(s->pd, &ia);
+    CHECK(s->qp);
+}
+
+static void my_info(struct side *s, struct info *i)
+{
+    struct ibv_port_attr pa;
+
+    memset(i, 0, sizeof(*i));
+    CHECK(ibv_query_port(s->ctx, 1, &pa) == 0);
+    CHECK(ibv_query_gid(s->ctx, 1, s->gid_index, &i->gid) == 0);
+    i->lid = pa.lid;
+    i->qpn = s->qp->qp_num;
+    i->rkey = s->mr->rkey;
+    i->addr = (uintptr_t)s->buf;
+    i->pid = getpid();
+}
+
+static void exchange(struct side *s, struct info *peer)
+{
+    struct info mine;
+
+    my_info(s, &mine);
+    full_io(true, &mine, sizeof(mine));
+    full_io(false, peer, sizeof(*peer));
+}
+
+static void to_rts(struct side *s, const struct info *p, const struct qpopt *o)
+{
+    struct ibv_qp_attr a = {0};
+
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    CHECK(ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                       IBV_QP_ACCESS_FLAGS) == 0);
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_4096;
+    a.dest_qp_num = p->qpn;
+    a.max_dest_rd_atomic = 16;
+    a.min_rnr_timer = o->min_rnr;
+    a.ah_attr.port_num = 1;
+    a.ah_attr.dlid = p->lid;
+    if (!p->lid) {
+        a.ah_attr.is_global = 1;
+        a.ah_attr.grh.dgid = p->gid;
+        a.ah_attr.grh.sgid_index = (uint8_t)s->gid_index;
+        a.ah_attr.grh.hop_limit = 1;
+    }
+    CHECK(ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+                                       IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0);
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = o->timeout;
+    a.retry_cnt = o->retry;
+    a.rnr_retry = o->rnr_retry;
+    a.max_rd_atomic = 16;
+    CHECK(ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                       IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                       IBV_QP_MAX_QP_RD_ATOMIC) == 0);
+}
+
+/* The usual start: both sides up, connected, and in step. */
+static void setup(struct side *s, struct info *p, size_t len, const struct qpopt *o)
+{
+    open_side(s, len, o);
+    exchange(s, p);
+    to_rts(s, p, o);
+    sync_peer();
+}
+
+static void wait_wc(struct side *s, struct ibv_wc *wc, int ms)
+{
+    uint64_t end = now_ms() + (uint64_t)ms;
+    int n;
+
+    while ((n = ibv_poll_cq(s->cq, 1, wc)) == 0) {
+        CHECK(now_ms() < end);
+        usleep(100);
+    }
+    CHECK(n == 1);
+}
+
+static void expect_wc(struct side *s, uint64_t wr_id, enum ibv_wc_status st)
+{
+    struct ibv_wc wc;
+
+    wait_wc(s, &wc, 10000);
+    if (wc.wr_id != wr_id || wc.status != st)
+        fprintf(stderr, "peer %s: got wr_id %llu status %s, want %llu %s\n", role,
+                (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status),
+                (unsigned long long)wr_id, ibv_wc_status_str(st));
+    CHECK(wc.wr_id == wr_id && wc.status == st);
+}
+
+static void no_more_wc(struct side *s, int ms)
+{
+    struct ibv_wc wc;
+
+    usleep((useconds_t)ms * 1000);
+    CHECK(ibv_poll_cq(s->cq, 1, &wc) == 0);
+}
+
+static void wait_stopped(pid_t pid)
+{
+    char path[64], buf[256], *st;
+    uint64_t end = now_ms() + 5000;
+
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    for (;;) {
+        FILE *f = fopen(path, "r");
+
+        CHECK(f && fgets(buf, sizeof(buf), f));
+        fclose(f);
+        st = strrchr(buf, ')');
+        if (st && st[2] == 'T')
+            return;
+        CHECK(now_ms() < end);
+        usleep(1000);
+    }
+}
+
+static uint32_t lkey_xor; /* corrupts the lkey post() uses */
+
+static int post(struct side *s, enum ibv_wr_opcode op, uint64_t wr_id, size_t off, uint32_t len,
+                const struct info *p, uint64_t roff, uint32_t rkey, int flags, uint32_t imm)
+{
+    struct ibv_sge sg = {(uintptr_t)s->buf + off, len, s->mr->lkey ^ lkey_xor};
+    struct ibv_send_wr wr = {0}, *bad = NULL;
+    int rc;
+
+    wr.wr_id = wr_id;
+    wr.opcode = op;
+    wr.send_flags = (unsigned)flags;
+    wr.sg_list = &sg;
+    wr.num_sge = len ? 1 : 0;
+    wr.imm_data = htonl(imm);
+    if (p) {
+        wr.wr.rdma.remote_addr = p->addr + roff;
+        wr.wr.rdma.rkey = rkey;
+    }
+    rc = ibv_post_send(s->qp, &wr, &bad);
+    if (rc)
+        CHECK(bad == &wr);
+    return rc;
+}
+
+static void post_recv(struct side *s, uint64_t wr_id, size_t off, uint32_t len)
+{
+    struct ibv_sge sg = {(uintptr_t)s->buf + off, len, s->mr->lkey};
+    struct ibv_recv_wr wr = {.wr_id = wr_id, .sg_list = &sg, .num_sge = 1}, *bad;
+
+    CHECK(ibv_post_recv(s->qp, &wr, &bad) == 0);
+}
+
+static void fill(char *b, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++)
+        b[i] = (char)((i * 2654435761u + seed) >> 13);
+}
+
+static bool filled(const char *b, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++)
+        if (b[i] != (char)((i * 2654435761u + seed) >> 13))
+            return false;
+    return true;
+}
+
+static void teardown(struct side *s)
+{
+    CHECK(ibv_destroy_qp(s->qp) == 0);
+    CHECK(ibv_dereg_mr(s->mr) == 0);
+    CHECK(ibv_destroy_cq(s->cq) == 0);
+    if (s->ch)
+        CHECK(ibv_destroy_comp_channel(s->ch) == 0);
+    CHECK(ibv_dealloc_pd(s->pd) == 0);
+    CHECK(ibv_close_device(s->ctx) == 0);
+    free(s->buf);
+}
+
+static bool is_a(void)
+{
+    return role[0] == 'a';
+}
+
+static const size_t MiB = 1 << 20;
+
+static int scn_query(void)
+{
+    const char *link = getenv("WEFT_SOFTVERBS_LINK");
+    bool ib = link && !strcmp(link, "ib");
+    struct ibv_device **list;
+    struct ibv_device_attr da;
+    struct ibv_port_attr pa;
+    struct ibv_context *ctx;
+    union ibv_gid g;
+    int n = -1;
+    bool lo = false;
+
+    list = ibv_get_device_list(&n);
+    CHECK(list && n == 2 && list[2] == NULL);
+    CHECK(!strcmp(ibv_get_device_name(list[0]), "softverbs0"));
+    CHECK(!strcmp(ibv_get_device_name(list[1]), "softverbs1"));
+    CHECK(ibv_get_device_guid(list[0]) != ibv_get_device_guid(list[1]));
+    ctx = ibv_open_device(list[1]);
+    CHECK(ctx);
+    ibv_free_device_list(list);
+    CHECK(ibv_query_device(ctx, &da) == 0);
+    CHECK(da.max_qp_wr == 4096 && da.max_sge == 16 && da.max_cqe == 65536 &&
+          da.max_qp_rd_atom == 16 && da.phys_port_cnt == 1 && da.max_mr_size >= (1ull << 32));
+    CHECK(ibv_query_port(ctx, 1, &pa) == 0);
+    CHECK(pa.state == IBV_PORT_ACTIVE && pa.active_mtu == IBV_MTU_4096 &&
+          pa.max_mtu == IBV_MTU_4096);
+    CHECK(pa.link_layer == (ib ? IBV_LINK_LAYER_INFINIBAND : IBV_LINK_LAYER_ETHERNET));
+    CHECK(ib ? pa.lid != 0 : pa.lid == 0);
+    CHECK(ibv_query_gid(ctx, 1, 0, &g) == 0);
+    CHECK(g.raw[0] == 0xfe && g.raw[1] == 0x80);
+    for (int i = 1; ibv_query_gid(ctx, 1, i, &g) == 0; i++) {
+        static const uint8_t want[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1};
+
+        CHECK(!ib);
+        lo = lo || !memcmp(g.raw, want, 16);
+    }
+    CHECK(ib || lo);
+    CHECK(ibv_query_port(ctx, 2, &pa) != 0);
+    {
+        /* only RC; bad transitions are refused */
+        struct ibv_pd *pd = ibv_alloc_pd(ctx);
+        struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+        struct ibv_qp_init_attr ia = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_UD,
+                                      .cap = {.max_send_wr = 1, .max_recv_wr = 1}};
+        struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTS};
+        struct ibv_qp *qp;
+        struct ibv_send_wr wr = {.opcode = IBV_WR_RDMA_WRITE}, *bad;
+
+        CHECK(pd && cq);
+        errno = 0;
+        CHECK(!ibv_create_qp(pd, &ia) && errno == EOPNOTSUPP);
+        ia.qp_type = IBV_QPT_RC;
+        qp = ibv_create_qp(pd, &ia);
+        CHECK(qp && qp->qp_num < (1u << 24));
+        CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE) == EINVAL);
+        a.qp_state = IBV_QPS_INIT;
+        a.port_num = 1;
+        CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PORT) == EINVAL);
+        CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX |
+                                        IBV_QP_ACCESS_FLAGS) == 0);
+        CHECK(ibv_post_send(qp, &wr, &bad) == EINVAL && bad == &wr);
+        CHECK(ibv_query_qp(qp, &a, IBV_QP_STATE, &ia) == 0 && a.qp_state == IBV_QPS_INIT);
+        CHECK(ibv_dealloc_pd(pd) == EBUSY);
+        CHECK(ibv_close_device(ctx) != 0);
+        CHECK(ibv_destroy_qp(qp) == 0);
+        CHECK(ibv_destroy_cq(cq) == 0);
+        CHECK(!ibv_alloc_mw(pd, IBV_MW_TYPE_1) && errno == EOPNOTSUPP);
+        CHECK(ibv_dealloc_pd(pd) == 0);
+    }
+    CHECK(ibv_close_device(ctx) == 0);
+    return 0;
+}
+
+static int scn_badfault(void)
+{
+    struct ibv_device **list = ibv_get_device_list(NULL);
+
+    CHECK(list);
+    errno = 0;
+    CHECK(ibv_open_device(list[0]) == NULL && errno == EINVAL);
+    ibv_free_device_list(list);
+    return 0;
+}
+
+static int count_dir(const char *path)
+{
+    DIR *d = opendir(path);
+    int n = 0;
+
+    CHECK(d);
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* Two QPs of one context talking to each other, then everything closed:
+ * no fd and no thread may outlive the context. */
+static int scn_fdleak(void)
+{
+    int fds = count_dir("/proc/self/fd"), tasks = count_dir("/proc/self/task");
+
+    for (int round = 0; round < 3; round++) {
+        struct side s, t;
+        struct info si, ti;
+
+        open_side(&s, MiB, &dflt);
+        t = s;
+        {
+            struct ibv_qp_init_attr ia = {.send_cq = s.cq, .recv_cq = s.cq, .qp_type = IBV_QPT_RC,
+                                          .cap = {.max_send_wr = 8, .max_recv_wr = 8,
+                                                  .max_send_sge = 1, .max_recv_sge = 1}};
+
+            t.qp = ibv_create_qp(s.pd, &ia);
+            CHECK(t.qp);
+        }
+        my_info(&s, &si);
+        my_info(&t, &ti);
+        to_rts(&s, &ti, &dflt);
+        to_rts(&t, &si, &dflt);
+        fill(s.buf, 4096, 7);
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 4096, &ti, 8192, ti.rkey, IBV_SEND_SIGNALED, 0) == 0);
+        expect_wc(&s, 1, IBV_WC_SUCCESS);
+        CHECK(filled(s.buf + 8192, 4096, 7));
+        CHECK(count_dir("/proc/self/task") == tasks + 1);
+        CHECK(ibv_destroy_qp(t.qp) == 0);
+        teardown(&s);
+    }
+    CHECK(count_dir("/proc/self/fd") == fds);
+    /* a joined thread can linger in /proc for a moment */
+    for (int i = 0; i < 100 && count_dir("/proc/self/task") != tasks; i++)
+        usleep(10000);
+    CHECK(count_dir("/proc/self/task") == tasks);
+    return 0;
+}
+
+static int scn_write(void)
+{
+    struct side s;
+    struct info p;
+
+    setup(&s, &p, 4 * MiB, &dflt);
+    if (is_a()) {
+        fill(s.buf, 4 * MiB, 1);
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 7, 0, 4 * MiB, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
+        expect_wc(&s, 7, IBV_WC_SUCCESS);
+        sync_peer();
+    } else {
+        sync_peer(); /* no verbs call at all on the target */
+        CHECK(filled(s.buf, 4 * MiB, 1));
+        no_more_wc(&s, 10);
+    }
+    sync_peer();
+    teardown(&s);
+    return 0;
+}
+
+static int scn_big(void)
+{
+    const size_t len = 64 * MiB;
+    struct side s;
+    struct info p;
+
+    setup(&s, &p, len, &dflt);
+    if (is_a()) {
+        fill(s.buf, len, 99);
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, (uint32_t)len, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
+        expect_wc(&s, 1, IBV_WC_SUCCESS);
+        sync_peer();
+    } else {
+        sync_peer();
+        CHECK(filled(s.buf, len, 99));
+    }
+    sync_peer();
+    teardown(&s);
+    return 0;
+}
+
+static int scn_write_imm(void)
+{
+    struct side s;
+    struct info p;
+    struct ibv_wc wc;
+
+    open_side(&s, MiB, &dflt);
+    exchange(&s, &p);
+    to_rts(&s, &p, &dflt);
+    if (!is_a()) {
+        post_recv(&s, 100, 0, 0);
+        post_recv(&s, 101, 0, 0);
+    }
+    sync_peer();
+    if (is_a()) {
+        fill(s.buf, MiB, 3);
+        CHECK(post(&s, IBV_WR_RDMA_WRITE_WITH_IMM, 1, 0, 65536, &p, 4096, p.rkey, 0, 0xabcd) == 0);
+        CHECK(post(&s, IBV_WR_RDMA_WRITE_WITH_IMM, 2, 0, 0, &p, 0, 0, IBV_SEND_SIGNALED, 7) == 0);
+        expect_wc(&s, 2, IBV_WC_SUCCESS); /* the unsignalled first made none */
+        no_more_wc(&s, 10);
+    } else {
+        wait_wc(&s, &wc, 10000);
+        CHECK(filled(s.buf + 4096, 65536, 3)); /* data before the CQE */
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 100 &&
+              wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && (wc.wc_flags & IBV_WC_WITH_IMM) &&
+              ntohl(wc.imm_data) == 0xabcd && wc.byte_len == 65536 && wc.qp_num == s.qp->qp_num);
+        wait_wc(&s, &wc, 10000);
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 101 && wc.byte_len == 0 &&
+              ntohl(wc.imm_data) == 7);
+    }
+    sync_peer();
+    teardown(&s);
+    return 0;
+}
+
+static int scn_send_recv(void)
+{
+    struct side s;
+    struct info p;
+    struct ibv_wc wc;
+
+    open_side(&s, MiB, &dflt);
+    exchange(&s, &p);
+    to_rts(&s, &p, &dflt);
+    if (!is_a()) {
+        struct ibv_sge sg[2] = {{(uintptr_t)s.buf, 100, s.mr->lkey},
+                                {(uintptr_t)s.buf + 1000, 5000, s.mr->lkey}};
+        struct ibv_recv_wr wr = {.wr_id = 10, .sg_list = sg, .num_sge = 2}, *bad;
+
+        CHECK(ibv_post_recv(s.qp, &wr, &bad) == 0);
+        post_recv(&s, 11, 8192, 64);
+        post_recv(&s, 12, 16384, 16);
+    }
+    sync_peer();
+    if (is_a()) {
+        fill(s.buf, 8192, 5);
+        CHECK(post(&s, IBV_WR_SEND, 1, 0, 3000, NULL, 0, 0, IBV_SEND_SIGNALED, 0) == 0);
+        CHECK(post(&s, IBV_WR_SEND_WITH_IMM, 2, 4096, 50, NULL, 0, 0,
+                   IBV_SEND_SIGNALED | IBV_SEND_INLINE, 42) == 0);
+        memset(s.buf + 4096, 0, 50); /* inline data was copied at post time */
+        expect_wc(&s, 1, IBV_WC_SUCCESS);
+        expect_wc(&s, 2, IBV_WC_SUCCESS);
+        sync_peer();
+        /* longer than the posted buffer */
+        CHECK(post(&s, IBV_WR_SEND, 3, 0, 17, NULL, 0, 0, IBV_SEND_SIGNALED, 0) == 0);
+        expect_wc(&s, 3, IBV_WC_REM_INV_REQ_ERR);
+    } else {
+        char want[8192];
+
+        fill(want, sizeof(want), 5);
+        wait_wc(&s, &wc, 10000);
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 10 && wc.opcode == IBV_WC_RECV &&
+              wc.byte_len == 3000 && !(wc.wc_flags & IBV_WC_WITH_IMM));
+        CHECK(!memcmp(s.buf, want, 100) && !memcmp(s.buf + 1000, want + 100, 2900));
+        wait_wc(&s, &wc, 10000);
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 11 && wc.byte_len == 50 &&
+              (wc.wc_flags & IBV_WC_WITH_IMM) && ntohl(wc.imm_data) == 42);
+        CHECK(!memcmp(s.buf + 8192, want + 4096, 50));
+        sync_peer();
+        expect_wc(&s, 12, IBV_WC_LOC_LEN_ERR);
+    }
+    sync_peer();
+    teardown(&s);
+    return 0;
+}
+
+static int scn_read(void)
+{
+    struct side s;
+    struct info p;
+
+    open_side(&s, 2 * MiB, &dflt);
+    if (!is_a())
+        fill(s.buf, 2 * MiB, 11);
+    exchange(&s, &p);
+    to_rts(&s, &p, &dflt);
+    sync_peer();
+    if (is_a()) {
+        CHECK(post(&s, IBV_WR_RDMA_READ, 1, 4096, (uint32_t)MiB, &p, 0, p.rkey,
+                   IBV_SEND_SIGNALED, 0) == 0);
+        expect_wc(&s, 1, IBV_WC_SUCCESS);
+        CHECK(filled(s.buf + 4096, MiB, 11));
+    }
+    sync_peer();
+    teardown(&s);
+    return 0;
+}
+
+static int scn_signal(void)
+{
+    struct qpopt o = dflt;
+    struct side s;
+    struct info p;
+    struct ibv_wc wc[16];
+    int got = 0;
+
+    o.sq = 10;
+    setup(&s, &p, MiB, &o);
+    if (is_a()) {
+        for (int i = 0; i < 10; i++)
+            CHECK(post(&s, IBV_WR_RDMA_WRITE, (uint64_t)i, 0, 128, &p, 0, p.rkey,
+                       i % 5 == 4 ? IBV_SEND_SIGNALED : 0, 0) == 0 || i > 9);
+        /* the queue is full until they complete */
+        {
+            struct ibv_send_wr w2 = {.wr_id = 99, .opcode = IBV_WR_RDMA_WRITE}, w1 = w2, *bad = NULL;
+            int rc;
+
+            w1.next = &w2;
+            rc = ibv_post_send(s.qp, &w1, &bad);
+            /* either both fit because some completed already, or one bounced */
+            CHECK(rc == 0 || (rc == ENOMEM && (bad == &w1 || bad == &w2)));
+            if (rc == 0 || bad == &w2)
+                got -= rc == 0 ? 2 : 1; /* they make no CQEs: unsignalled */
+        }
+        got = 0;
+        for (uint64_t end = now_ms() + 5000; got < 2 && now_ms() < end;)
+            got += ibv_poll_cq(s.cq, 16 - got, wc + got);
+        CHECK(got == 2 && wc[0].wr_id == 4 && wc[1].wr_id == 9);
+        no_more_wc(&s, 50);
+    }
+    sync_peer();
+    teardown(&s);
+    return 0;
+}
+
+/* Full send queue: with the peer stopped nothing completes, so the bound is
+ * exact. */
+static int scn_sqfull(void)
+{
+    struct qpopt o = dflt;
+    struct side s;
+    struct info p;
+
+    o.sq = 4;
+    o.timeout = 0; /* never give up while the peer is stopped */
+    setup(&s, &p, MiB, &o);
+    if (is_a()) {
+        struct ibv_send_wr w[6] = {{0}}, *bad = NULL;
+
+        CHECK(kill(p.pid, SIGSTOP) == 0);
+        wait_stopped(p.pid);
+        for (int i = 0; i < 6; i++) {
+            w[i].wr_id = (uint64_t)i;
+            w[i].opcode = IBV_WR_RDMA_WRITE;
+            w[i].send_flags = IBV_SEND_SIGNALED;
+            w[i].next = i < 5 ? &w[i + 1] : NULL;
+        }
+        CHECK(ibv_post_send(s.qp, w, &bad) == ENOMEM && bad == &w[4]);
+        kill(p.pid, SIGCONT);
+        for (int i = 0; i < 4; i++)
+            expect_wc(&s, (uint64_t)i, IBV_WC_SUCCESS);
+    }
+    sync_peer();
+    teardown(&s);
+    return 0;
+}
+
+static int scn_bad_rkey(void)
+{
+    struct side s;
+    struct info p;
+
+    setup(&s, &p, MiB, &dflt);
+    if (is_a()) {
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 64, &p, 0, p.rkey, 0, 0) == 0);
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 2, 0, 64, &p, 0, p.rkey ^ 0x5a5a, 0, 0) == 0);
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 3, 0, 64, &p, 0, p.rkey, 0, 0) == 0);
+        CHECK(post(&s, IBV_WR_RDMA_READ, 4, 0, 64, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
+        expect_wc(&s, 2, IBV_WC_REM_ACCESS_ERR);
+        expect_wc(&s, 3, IBV_WC_WR_FLUSH_ERR);
+        expect_wc(&s, 4, IBV_WC_WR_FLUSH_ERR);
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 5, 0, 64, &p, 0, p.rkey, 0, 0) == 0);
+        expect_wc(&s, 5, IBV_WC_WR_FLUSH_ERR);
+    } else {
+        struct ibv_async_event ev;
+
+        CHECK(ibv_get_async_event(s.ctx, &ev) == 0);
+        CHECK(ev.event_type == IBV_EVENT_QP_ACCESS_ERR && ev.element.qp == s.qp);
+        ibv_ack_async_event(&ev);
+    }
+    sync_peer();
+    teardown(&s);
+    return 0;
+}
+
+/* mode 0: past the end of the MR; 1: read without REMOTE_READ; 2: local
+ * SGE with a bad lkey. */
+static int scn_access(int mode)
+{
+    struct qpopt o = dflt;
+    struct side s;
+    struct info p;
+
+    if (mode == 1)
+        o.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    setup(&s, &p, MiB, &o);
+    if (is_a()) {
+        if (mode == 0)
+            CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 8192, &p, MiB - 4096, p.rkey, 0, 0) == 0);
+        else if (mode == 1)
+            CHECK(post(&s, IBV_WR_RDMA_READ, 1, 0, 64, &p, 0, p.rkey, 0, 0) == 0);
+        else {
+            lkey_xor = 1;
+            CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 64, &p, 0, p.rkey, 0, 0) == 0);
+            lkey_xor = 0;
+        }
+        expect_wc(&s, 1, mode == 2 ? IBV_WC_LOC_PROT_ERR : IBV_WC_REM_ACCESS_ERR);
+    }
+    sync_peer();
+    teardown(&s);
+    return 0;
+}
+
+static int scn_rnr(void)
+{
+    struct qpopt o = dflt;
+    struct side s;
+    struct info p;
+
+    o.rnr_retry = 2;
+    o.min_rnr = 14; /* 1.28 ms */
+    setup(&s, &p, MiB, &o);
+    if (is_a()) {
+        CHECK(post(&s, IBV_WR_SEND, 1, 0, 64, NULL, 0, 0, IBV_SEND_SIGNALED, 0) == 0);
+        expect_wc(&s, 1, IBV_WC_RNR_RETRY_EXC_ERR);
+    }
+    sync_peer();
+    teardown(&s);
+    return 0;
+}
+
+/* RNR then a late recv: the retried SEND lands. */
+static int scn_rnr_late(void)
+{
+    struct qpopt o = dflt;
+    struct side s;
+    struct info p;
+    struct ibv_wc wc;
+
+    o.min_rnr = 20; /* 10 ms */
+    setup(&s, &p, MiB, &o);
+    if (is_a()) {
+        fill(s.buf, 64, 9);
+        CHECK(post(&s, IBV_WR_SEND, 1, 0, 64, NULL, 0, 0, IBV_SEND_SIGNALED, 0) == 0);
+        expect_wc(&s, 1, IBV_WC_SUCCESS);
+    } else {
+        usleep(100000);
+        post_recv(&s, 5, 0, 64);
+        wait_wc(&s, &wc, 10000);
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 5 && filled(s.buf, 64, 9));
+    }
+    sync_peer();
+    teardown(&s);
+    return 0;
+}
+
+static int scn_killed(void)
+{
+    struct side s;
+    struct info p;
+
+    setup(&s, &p, MiB, &dflt);
+    if (is_a()) {
+        uint64_t t0, dt;
+
+        CHECK(kill(p.pid, SIGKILL) == 0);
+        usleep(100000);
+        t0 = now_ms();
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 64, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 2, 0, 64, &p, 0, p.rkey, 0, 0) == 0);
+        expect_wc(&s, 1, IBV_WC_RETRY_EXC_ERR);
+        dt = now_ms() - t0;
+        /* 4.096 us * 2^14 * (2 + 1) = 201 ms */
+        fprintf(stderr, "peer a: RETRY_EXC_ERR after %llu ms\n", (unsigned long long)dt);
+        CHECK(dt >= 190 && dt < 1500);
+        expect_wc(&s, 2, IBV_WC_WR_FLUSH_ERR);
+        teardown(&s);
+    } else {
+        for (;;)
+            pause();
+    }
+    return 0;
+}
+
+/* Peer dies with our requests already on its socket. */
+static int scn_killed_inflight(void)
+{
+    struct side s;
+    struct info p;
+
+    setup(&s, &p, MiB, &dflt);
+    if (is_a()) {
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 64, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
+        expect_wc(&s, 1, IBV_WC_SUCCESS); /* connected */
+        CHECK(kill(p.pid, SIGSTOP) == 0);
+        wait_stopped(p.pid);
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 2, 0, 64, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
+        usleep(20000);
+        CHECK(kill(p.pid, SIGKILL) == 0);
+        expect_wc(&s, 2, IBV_WC_RETRY_EXC_ERR);
+        teardown(&s);
+    } else {
+        for (;;)
+            pause();
+    }
+    return 0;
+}
+
+static int scn_wrong_qpn(void)
+{
+    struct side s;
+    struct info p;
+
+    open_side(&s, MiB, &dflt);
+    exchange(&s, &p);
+    if (is_a())
+        p.qpn ^= 0x800001; /* nobody, or somebody who does not expect us */
+    to_rts(&s, &p, &dflt);
+    sync_peer();
+    if (is_a()) {
+        uint64_t t0 = now_ms();
+
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 64, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
+        expect_wc(&s, 1, IBV_WC_RETRY_EXC_ERR);
+        CHECK(now_ms() - t0 >= 190);
+        /* and the right QP number with a GID that is not the peer's */
+    }
+    sync_peer();
+    teardown(&s);
+    return 0;
+}
+
+static int scn_channel(void)
+{
+    struct qpopt o = dflt;
+    struct side s;
+    struct info p;
+
+    o.channel = true;
+    open_side(&s, MiB, &o);
+    exchange(&s, &p);
+    to_rts(&s, &p, &o);
+    if (!is_a())
+        post_recv(&s, 77, 0, 64);
+    sync_peer();
+    if (is_a()) {
+        sync_peer();
+        CHECK(post(&s, IBV_WR_SEND, 1, 0, 64, NULL, 0, 0, IBV_SEND_SIGNALED, 0) == 0);
+        expect_wc(&s, 1, IBV_WC_SUCCESS);
+    } else {
+        struct pollfd pfd = {.fd = s.ch->fd, .events = POLLIN};
+        struct ibv_cq *cq;
+        void *cqctx;
+        struct ibv_wc wc;
+
+        CHECK(fcntl(s.ch->fd, F_SETFL, fcntl(s.ch->fd, F_GETFL) | O_NONBLOCK) == 0);
+        CHECK(ibv_req_notify_cq(s.cq, 0) == 0);
+        errno = 0;
+        CHECK(ibv_get_cq_event(s.ch, &cq, &cqctx) == -1 && errno == EAGAIN);
+        sync_peer();
+        CHECK(poll(&pfd, 1, 10000) == 1);
+        CHECK(ibv_get_cq_event(s.ch, &cq, &cqctx) == 0 && cq == s.cq && cqctx == &s);
+        CHECK(ibv_get_cq_event(s.ch, &cq, &cqctx) == -1 && errno == EAGAIN);
+        CHECK(ibv_poll_cq(s.cq, 1, &wc) == 1 && wc.wr_id == 77);
+        CHECK(ibv_destroy_qp(s.qp) == 0);
+        CHECK(ibv_destroy_cq(s.cq) == EBUSY); /* event not acknowledged */
+        ibv_ack_cq_events(s.cq, 1);
+        s.qp = NULL;
+        CHECK(ibv_destroy_comp_channel(s.ch) == EBUSY);
+    }
+    sync_peer();
+    if (s.qp)
+        CHECK(ibv_destroy_qp(s.qp) == 0);
+    CHECK(ibv_dereg_mr(s.mr) == 0);
+    CHECK(ibv_destroy_cq(s.cq) == 0);
+    CHECK(ibv_destroy_comp_channel(s.ch) == 0);
+    CHECK(ibv_dealloc_pd(s.pd) == 0);
+    CHECK(ibv_close_device(s.ctx) == 0);
+    free(s.buf);
+    return 0;
+}
+
+/* WEFT_SOFTVERBS_FAULT=fail=3:rem_access@0 on a (WEFT_RANK=0), ignored by b
+ * (WEFT_RANK=1) */
+static int scn_fault_fail(void)
+{
+    struct side s;
+    struct info p;
+
+    setup(&s, &p, MiB, &dflt);
+    if (is_a()) {
+        for (int i = 1; i <= 5; i++)
+            CHECK(post(&s, IBV_WR_RDMA_WRITE, (uint64_t)i, 0, 64, &p, 0, p.rkey,
+                       i == 1 ? IBV_SEND_SIGNALED : 0, 0) == 0);
+        expect_wc(&s, 1, IBV_WC_SUCCESS);
+        expect_wc(&s, 3, IBV_WC_REM_ACCESS_ERR);
+        expect_wc(&s, 4, IBV_WC_WR_FLUSH_ERR);
+        expect_wc(&s, 5, IBV_WC_WR_FLUSH_ERR);
+        sync_peer();
+    } else {
+        sync_peer();
+        for (int i = 1; i <= 5; i++)
+            CHECK(post(&s, IBV_WR_RDMA_WRITE, (uint64_t)i, 0, 64, &p, 0, p.rkey,
+                       IBV_SEND_SIGNALED, 0) == 0);
+        /* a's QP is in error now: our requests are dropped */
+        expect_wc(&s, 1, IBV_WC_RETRY_EXC_ERR);
+    }
+    sync_peer();
+    teardown(&s);
+    return 0;
+}
+
+static int scn_fault_delay(void)
+{
+    struct side s;
+    struct info p;
+
+    setup(&s, &p, MiB, &dflt);
+    if (is_a()) {
+        uint64_t t0 = now_ms();
+
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 64, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
+        expect_wc(&s, 1, IBV_WC_SUCCESS);
+        CHECK(now_ms() - t0 >= 300);
+    }
+    sync_peer();
+    teardown(&s);
+    return 0;
+}
+
+static int scn_fault_kill_qp(void)
+{
+    struct side s;
+    struct info p;
+
+    setup(&s, &p, MiB, &dflt);
+    if (is_a()) {
+        struct ibv_async_event ev;
+
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 64, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
+        expect_wc(&s, 1, IBV_WC_SUCCESS);
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 2, 0, 64, &p, 0, p.rkey, 0, 0) == 0);
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 3, 0, 64, &p, 0, p.rkey, 0, 0) == 0);
+        expect_wc(&s, 2, IBV_WC_WR_FLUSH_ERR);
+        expect_wc(&s, 3, IBV_WC_WR_FLUSH_ERR);
+        CHECK(ibv_get_async_event(s.ctx, &ev) == 0);
+        CHECK(ev.event_type == IBV_EVENT_QP_FATAL && ev.element.qp == s.qp);
+        ibv_ack_async_event(&ev);
+        sync_peer();
+    } else {
+        sync_peer();
+        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 64, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
+        expect_wc(&s, 1, IBV_WC_RETRY_EXC_ERR);
+    }
+    sync_peer();
+    teardown(&s);
+    return 0;
+}
+
+static int scn_fault_port_down(void)
+{
+    struct side s;
+    struct info p;
+
+    open_side(&s, MiB, &dflt);
+    exchange(&s, &p);
+    to_rts(&s, &p, &dflt);
+    post_recv(&s, 9, 0, 64);
+    sync_peer();
+    if (is_a()) {
+        struct ibv_async_event ev;
+        struct ibv_port_attr pa;
+        struct ibv_qp_attr qa;
+        struct ibv_qp_init_attr ia;
+
+        CHECK(ibv_get_async_event(s.ctx, &ev) == 0);
+        CHECK(ev.event_type == IBV_EVENT_PORT_ERR && ev.element.port_num == 1);
+        ibv_ack_async_event(&ev);
+        CHECK(ibv_query_port(s.ctx, 1, &pa) == 0 && pa.state == IBV_PORT_DOWN);
+        CHECK(ibv_query_qp(s.qp, &qa, IBV_QP_STATE, &ia) == 0 && qa.qp_state == IBV_QPS_ERR);
+        expect_wc(&s, 9, IBV_WC_WR_FLUSH_ERR);
+    }
+    sync_peer();
+    teardown(&s);
+    return 0;
+}
+
+static int peer_main(int argc, char **argv)
+{
+    static const struct {
+        const char *name;
+        int (*fn)(void);
+    } scn[] = {
+        {"query", scn_query}, {"badfault", scn_badfault}, {"fdleak", scn_fdleak},
+        {"write", scn_write}, {"big", scn_big}, {"write_imm", scn_write_imm},
+        {"send_recv", scn_send_recv}, {"read", scn_read}, {"signal", scn_signal},
+        {"sqfull", scn_sqfull}, {"bad_rkey", scn_bad_rkey}, {"rnr", scn_rnr},
+        {"rnr_late", scn_rnr_late}, {"killed", scn_killed},
+        {"killed_inflight", scn_killed_inflight}, {"wrong_qpn", scn_wrong_qpn},
+        {"channel", scn_channel}, {"fault_fail", scn_fault_fail},
+        {"fault_delay", scn_fault_delay}, {"fault_kill_qp", scn_fault_kill_qp},
+        {"fault_port_down", scn_fault_port_down},
+    };
+
+    if (argc < 5)
+        return 2;
+    role = argv[3];
+    peer_fd = atoi(argv[4]);
+    if (!strncmp(argv[2], "access", 6))
+        return scn_access(atoi(argv[2] + 6));
+    for (size_t i = 0; i < sizeof(scn) / sizeof(scn[0]); i++)
+        if (!strcmp(scn[i].name, argv[2]))
+            return scn[i].fn();
+    return 2;
+}
+
+/* ---- test side: plain process, the device preloaded only in peers ---- */
+
+static pid_t spawn(const char *scn, const char *r, int fd, const char *env)
+{
+    pid_t pid = fork();
+
+    cr_assert(pid >= 0);
+    if (pid == 0) {
+        char fdstr[16], *e = strdup(env ? env : ""), *save = NULL;
+
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        /* Criterion's worker markers would make the peer a test worker. */
+        for (char **ev = environ; *ev;) {
+            if (!strncmp(*ev, "BXF", 3) || !strncmp(*ev, "CRITERION", 9)) {
+                char name[128];
+
+                snprintf(name, sizeof(name), "%.*s", (int)strcspn(*ev, "="), *ev);
+                unsetenv(name);
+            } else {
+                ev++;
+            }
+        }
+        snprintf(fdstr, sizeof(fdstr), "%d", fd);
+        setenv("LD_PRELOAD", SOFTVERBS_LIB, 1);
+        setenv("ASAN_OPTIONS", "verify_asan_link_order=0:detect_leaks=0", 1);
+        unsetenv("WEFT_SOFTVERBS_FAULT");
+        unsetenv("WEFT_SOFTVERBS_LINK");
+        unsetenv("WEFT_SOFTVERBS_DEVICES");
+        for (char *kv = strtok_r(e, ";", &save); kv; kv = strtok_r(NULL, ";", &save))
+            putenv(kv);
+        {
+            char spec[128];
+
+            snprintf(spec, sizeof(spec), "%s %s %s", scn, r, fdstr);
+            setenv("WEFT_SV_PEER", spec, 1);
+        }
+        execl("/proc/self/exe", "test_softverbs", (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* b_sig: the signal b is expected to die of (0: exit 0). */
+static void run_pair(const char *scn, const char *env_a, const char *env_b, int b_sig)
+{
+    int sv[2], st;
+    pid_t a, b;
+
+    cr_assert(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    a = spawn(scn, "a", sv[0], env_a);
+    b = spawn(scn, "b", sv[1], env_b);
+    close(sv[0]);
+    close(sv[1]);
+    cr_assert(waitpid(a, &st, 0) == a);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: peer a status 0x%x", scn, st);
+    if (b_sig)
+        kill(b, SIGKILL);
+    cr_assert(waitpid(b, &st, 0) == b);
+    if (b_sig)
+        cr_expect(WIFSIGNALED(st) && WTERMSIG(st) == b_sig, "%s: peer b status 0x%x", scn, st);
+    else
+        cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: peer b status 0x%x", scn, st);
+}
+
+static void run_one(const char *scn, const char *env)
+{
+    int st;
+    pid_t a = spawn(scn, "a", -1, env);
+
+    cr_assert(waitpid(a, &st, 0) == a);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: status 0x%x", scn, st);
+}
+
+TestSuite(softverbs, .timeout = 30);
+
+Test(softverbs, query_eth) { run_one("query", "WEFT_SOFTVERBS_DEVICES=2"); }
+Test(softverbs, query_ib) { run_one("query", "WEFT_SOFTVERBS_DEVICES=2;WEFT_SOFTVERBS_LINK=ib"); }
+Test(softverbs, bad_fault_spec)
+{
+    run_one("badfault", "WEFT_SOFTVERBS_FAULT=delay=5,fail=x");
+    run_one("badfault", "WEFT_SOFTVERBS_FAULT=frobnicate=1@0");
+    run_one("badfault", "WEFT_SOFTVERBS_FAULT=fail=2:nope");
+}
+Test(softverbs, no_fd_or_thread_leak) { run_one("fdleak", NULL); }
+Test(softverbs, write_lands_without_target) { run_pair("write", NULL, NULL, 0); }
+Test(softverbs, write_ib_link) { run_pair("write", "WEFT_SOFTVERBS_LINK=ib", "WEFT_SOFTVERBS_LINK=ib", 0); }
+Test(softverbs, write_64mib, .timeout = 60) { run_pair("big", NULL, NULL, 0); }
+Test(softverbs, write_with_imm) { run_pair("write_imm", NULL, NULL, 0); }
+Test(softverbs, send_recv_inline_len_err) { run_pair("send_recv", NULL, NULL, 0); }
+Test(softverbs, rdma_read) { run_pair("read", NULL, NULL, 0); }
+Test(softverbs, selective_signalling) { run_pair("signal", NULL, NULL, 0); }
+Test(softverbs, sq_full_enomem) { run_pair("sqfull", NULL, NULL, 0); }
+Test(softverbs, bad_rkey_then_flush) { run_pair("bad_rkey", NULL, NULL, 0); }
+Test(softverbs, out_of_bounds) { run_pair("access0", NULL, NULL, 0); }
+Test(softverbs, read_without_remote_read) { run_pair("access1", NULL, NULL, 0); }
+Test(softverbs, bad_lkey) { run_pair("access2", NULL, NULL, 0); }
+Test(softverbs, rnr_retry_exceeded) { run_pair("rnr", NULL, NULL, 0); }
+Test(softverbs, rnr_then_recv) { run_pair("rnr_late", NULL, NULL, 0); }
+Test(softverbs, peer_killed) { run_pair("killed", NULL, NULL, SIGKILL); }
+Test(softverbs, peer_killed_inflight) { run_pair("killed_inflight", NULL, NULL, SIGKILL); }
+Test(softverbs, wrong_dest_qpn) { run_pair("wrong_qpn", NULL, NULL, 0); }
+Test(softverbs, comp_channel_nonblock) { run_pair("channel", NULL, NULL, 0); }
+Test(softverbs, fault_fail)
+{
+    run_pair("fault_fail", "WEFT_RANK=0;WEFT_SOFTVERBS_FAULT=fail=3:rem_access@0",
+             "WEFT_RANK=1;WEFT_SOFTVERBS_FAULT=fail=3:rem_access@0", 0);
+}
+Test(softverbs, fault_delay) { run_pair("fault_delay", "WEFT_SOFTVERBS_FAULT=delay=300000", NULL, 0); }
+Test(softverbs, fault_kill_qp) { run_pair("fault_kill_qp", "WEFT_SOFTVERBS_FAULT=kill_qp=2", NULL, 0); }
+Test(softverbs, fault_port_down)
+{
+    run_pair("fault_port_down", "WEFT_SOFTVERBS_FAULT=port_down=300", NULL, 0);
+}
+
+/* A peer is this binary re-executed with WEFT_SV_PEER="scenario role fd";
+ * it runs before Criterion's main ever sees it. */
+__attribute__((constructor)) static void peer_hook(void)
+{
+    const char *spec = getenv("WEFT_SV_PEER");
+    char scn[64], r[8], fd[16];
+    char *argv[] = {"test_softverbs", "--sv-peer", scn, r, fd, NULL};
+
+    if (!spec || sscanf(spec, "%63s %7s %15s", scn, r, fd) != 3)
+        return;
+    exit(peer_main(5, argv));
+}
