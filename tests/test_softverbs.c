@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #ifndef SOFTVERBS_LIB
-#error "SOFTVERBS_LIB must name build/.libs/libweft-softverbs.so"
+#error "SOFTVERBS_LIB must name build/libweft-softverbs.so"
 #endif
 
 /* ---- peer side: runs with the device preloaded ---- */
