@@ -286,6 +286,17 @@ Test(cluster, two_nodes_two_ranks_every_algorithm, .timeout = 240)
     matrix(2, 2, NULL, "4M", FULL_ROWS);
 }
 
+/* The same over verbs on the software verbs device (tests/verbs.sh
+ * preloads it): shm inside each node, verbs between them, no tcp. */
+Test(cluster, two_nodes_two_ranks_verbs_every_algorithm, .timeout = 300)
+{
+    if (!getenv("WEFT_TEST_SOFTVERBS"))
+        cr_skip_test("needs the software verbs device preloaded (tests/verbs.sh)");
+    need_cluster();
+    setenv("WEFT_TRANSPORT", "shm,verbs", 1);
+    matrix(2, 2, NULL, "1M", FULL_ROWS - 2);
+}
+
 Test(cluster, four_nodes_1gbit_every_algorithm_and_bandwidth, .timeout = 240)
 {
     need_cluster();

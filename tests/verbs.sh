@@ -20,7 +20,7 @@ if [ -f "$lib" ]; then
     if ldd "$lib" | grep -q softverbs || nm -D --defined-only "$lib" | grep -q ' ibv_'; then
         echo "verbs.sh: FAIL: $lib carries the software device or defines ibv_ entry points"; rc=1
     fi
-    echo "verbs.sh: $lib links $(ldd "$lib" | grep -o 'libibverbs[^ ]*') and no software device"
+    echo "verbs.sh: $lib links $(ldd "$lib" | grep -o 'libibverbs[^ ]*' | head -1) and no software device"
 fi
 # A sanitizer build loads its runtime first; the device comes after it.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
@@ -28,4 +28,5 @@ export LD_PRELOAD="$sv${LD_PRELOAD:+:$LD_PRELOAD}"
 export WEFT_TEST_SOFTVERBS=1
 "$build/test_coll" --jobs 1 --filter 'verbs/*' || rc=1
 "$build/test_faults" --jobs 1 --filter 'faults/*verbs' || rc=1
+"$build/test_cluster" --jobs 1 --filter 'cluster/*verbs*' || rc=1
 exit $rc
