@@ -7,10 +7,10 @@
  * Why a user buffer is cached only when asked: a pinned registration keeps
  * the pages it pinned.  A buffer the user frees and a new one mapped at the
  * same address would be served by the old pages, and data would land where
- * nobody reads it.  So by default only ranges the user registered
- * (weft_mem_register, ncclCommRegister) are zero-copy and their owner
- * promises to deregister before unmapping; WEFT_IB_REGCACHE=1 caches every
- * buffer, for programs that never unmap what weft saw.
+ * nobody reads it.  So by default user memory is copied through bounce
+ * buffers, and only ranges registered through the transport's reg_mem are
+ * zero-copy (their owner deregisters before unmapping); WEFT_IB_REGCACHE=1
+ * caches every buffer, for programs that never unmap what weft saw.
  */
 #include <errno.h>
 #include <stdlib.h>

@@ -473,6 +473,12 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
         return weft_error(comm, WEFT_ERR_INTERNAL, "verbs init: no out-of-band transport");
     struct weft_ib_hca_list filter;
     char why[256];
+    const char *cm = weft_param_str("WEFT_IB_CM");
+    if (strcmp(cm, "auto") != 0 && strcmp(cm, "oob") != 0)
+        return weft_error(comm, WEFT_ERR_INVALID_ARG,
+                          "WEFT_IB_CM=%s: weft sets queue pairs up over its tcp connections "
+                          "(auto or oob); it has no librdmacm path",
+                          cm);
     if (weft_ib_hca_parse(weft_param_str("WEFT_IB_HCA"), &filter, why, sizeof(why)) != WEFT_OK)
         return weft_error(comm, WEFT_ERR_INVALID_ARG, "WEFT_IB_HCA: %s", why);
     struct vb_ctx *ctx = calloc(1, sizeof(*ctx));
