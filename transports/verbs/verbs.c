@@ -548,6 +548,8 @@ static weft_status_t vb_progress(void *vctx, int timeout_ms)
     (void)timeout_ms; /* never the transport a communicator sleeps in (tcp is) */
     struct vb_ctx *ctx = vctx;
     vb_async_drain(ctx);
+    if (ctx->cm_chan)
+        vb_cm_drain(ctx);
     poll_cq(ctx);
     /* Exchanges in flight: every call.  Every connection's out-of-band
      * receive (a peer that starts the exchange, or the watch that sees a
@@ -639,7 +641,8 @@ static bool vb_sleep_begin(void *vctx)
         return true; /* cannot be woken: do not sleep */
     /* What landed between the poll and the arming raised no event. */
     n += poll_cq(ctx);
-    return n > 0 || ctx->work != NULL || ctx->fatal != WEFT_OK;
+    /* An rdma_cm connection being made: its events do not wake anyone. */
+    return n > 0 || ctx->work != NULL || ctx->fatal != WEFT_OK || ctx->cm_setup > 0;
 }
 
 static void vb_sleep_end(void *vctx)

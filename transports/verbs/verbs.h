@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "src/auth.h"
 #include "src/comm.h"
 #include "transports/transport.h"
 
@@ -58,6 +59,10 @@ struct vb_addr {
     uint8_t nqps;
     uint8_t gid[16];
     uint32_t gid_index;
+    uint8_t cm;         /* 1: queue pairs to us connect through rdma_cm at cm_ip:cm_port */
+    uint8_t cm_family;  /* AF_INET or AF_INET6 */
+    uint16_t cm_port;   /* network order */
+    uint8_t cm_ip[16];
     char dev[32];
 };
 
@@ -73,6 +78,7 @@ struct vb_qpinfo {
     uint32_t mtu;
     uint32_t lid;
     uint8_t gid[16];
+    uint8_t nonce[16];   /* rdma_cm: connection requests prove they know it */
 };
 
 /* One FIFO slot: a receive buffer described to the sender. */
@@ -88,6 +94,8 @@ _Static_assert(sizeof(struct vb_addr) <= WEFT_TRANSPORT_ADDR_MAX, "vb_addr must 
 
 struct vb_ctx;
 struct vb_conn;
+struct rdma_cm_id;
+struct rdma_event_channel;
 
 /*
  * A registered range.  Owner: the cache (ctx->rc), which keeps entries
@@ -148,6 +156,8 @@ struct vb_qp {
     uint32_t unsignaled;              /* since the last signalled one */
     uint32_t sig_retire[VB_SQ_DEPTH]; /* per signalled WR, in post order: WRs it retires */
     uint32_t sig_head, sig_tail;
+    struct rdma_cm_id *cm_id;         /* rdma_cm: the id that owns qp */
+    bool up;                          /* RTS toward the peer */
 } __attribute__((aligned(64))); /* its address is a work request id */
 
 enum { VB_IDLE, VB_WAIT_PEER, VB_READY, VB_FAILED };
@@ -171,6 +181,9 @@ struct vb_conn {
     uint8_t watch_byte;              /* the watch's buffer: nothing may arrive */
     struct vb_qpinfo mine, theirs;
     bool peer_gone;                  /* the watch saw the peer leave while idle */
+    bool cm;                         /* queue pairs through rdma_cm (both sides publish it) */
+    bool got_info, ready_sent, peer_ready;
+    int nup;                         /* queue pairs up */
     int nqps;
     struct vb_qp qps[VB_MAX_QPS];
     struct vb_desc *fifo;            /* (VB_FIFO) ours, written by the peer */
@@ -206,10 +219,16 @@ struct vb_slab {
 struct vb_ctx {
     struct weft_comm *comm;
     int rank, nranks;
+    uint8_t secret[WEFT_SECRET_BYTES];
     const struct weft_transport_ops *oob_ops; /* tcp */
     void *oob_ctx;
     void **oob_conn;                /* (nranks) from weft_verbs_bind_oob */
     struct ibv_context *dev;
+    bool dev_borrowed;              /* rdma_cm's context: not ours to close */
+    struct rdma_event_channel *cm_chan; /* NULL: queue pairs set up by hand */
+    struct rdma_cm_id *cm_listen;
+    int cm_setup;                   /* conns whose rdma_cm connection is not up yet */
+    uint16_t cm_port;               /* the listener's, network order */
     struct ibv_pd *pd;
     struct ibv_comp_channel *chan;
     struct ibv_cq *cq;
@@ -255,7 +274,7 @@ weft_status_t vb_conn_start(struct vb_conn *c) WEFT_HIDDEN;
 /* Advances the out-of-band exchange; returns true if something moved. */
 bool vb_conn_setup(struct vb_conn *c) WEFT_HIDDEN;
 /* (Pure) the peer's info, n bytes from the wire, for conn c. */
-weft_status_t vb_qpinfo_check(const struct vb_qpinfo *q, size_t n, int nqps, char *why,
+weft_status_t vb_qpinfo_check(const struct vb_qpinfo *q, size_t n, int nqps, bool cm, char *why,
                               size_t whylen) WEFT_HIDDEN;
 /* Reads one async event if any; a fatal one fails the context. */
 void vb_async_drain(struct vb_ctx *ctx) WEFT_HIDDEN;
@@ -264,6 +283,35 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
 weft_status_t vb_connect(void *vctx, int peer, const void *addr, size_t addrlen,
                          void **vconn) WEFT_HIDDEN;
 void vb_finalize(void *vctx) WEFT_HIDDEN;
+
+/* Our queue pairs are up and the peer's info is here: say ready. */
+void vb_conn_try_ready(struct vb_conn *c) WEFT_HIDDEN;
+/* Posts the receives of a new queue pair and records its number. */
+weft_status_t vb_qp_prepare(struct vb_conn *c, struct vb_qp *q) WEFT_HIDDEN;
+/* The init attributes of every queue pair of ctx. */
+void vb_qp_init_attr(struct vb_ctx *ctx, struct vb_qp *q, struct ibv_qp_init_attr *ia) WEFT_HIDDEN;
+
+/* ---- verbs_cm.c: rdma_cm (stubs that say "no" without librdmacm) ---------------- */
+/* WEFT_IB_CM=auto: binds a listener to local's address; true when rdma_cm
+ * works there and its device passes the filter (ctx->dev is then its
+ * context, borrowed). */
+bool vb_cm_open(struct vb_ctx *ctx, const union weft_sockaddr *local, const void *filter) WEFT_HIDDEN;
+/* The lower rank of a pair: starts one connection per queue pair. */
+weft_status_t vb_cm_connect(struct vb_conn *c) WEFT_HIDDEN;
+/* Handles every connection manager event waiting. */
+void vb_cm_drain(struct vb_ctx *ctx) WEFT_HIDDEN;
+void vb_cm_qp_destroy(struct vb_qp *q) WEFT_HIDDEN;
+void vb_cm_close(struct vb_ctx *ctx) WEFT_HIDDEN;
+/* The connection request's private data, and its check (pure). */
+#define VB_CM_MAGIC 0x314d4357u /* "WCM1" */
+struct vb_cm_req {
+    uint32_t magic;
+    uint32_t rank;
+    uint32_t qp;
+    uint8_t proof[32];   /* HMAC(secret, "weft-cm" nonce rank qp) */
+};
+void vb_cm_proof(const uint8_t *secret, const uint8_t *nonce, uint32_t rank, uint32_t qp,
+                 uint8_t out[32]) WEFT_HIDDEN;
 
 /* ---- regcache.c --------------------------------------------------------------- */
 /* The entry covering [buf, buf + len), registering it when absent (and

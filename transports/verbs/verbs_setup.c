@@ -37,7 +37,7 @@ static const char *link_name(int ll)
 
 /* ---- checks on bytes from peers ---------------------------------------------- */
 
-weft_status_t vb_qpinfo_check(const struct vb_qpinfo *q, size_t n, int nqps, char *why,
+weft_status_t vb_qpinfo_check(const struct vb_qpinfo *q, size_t n, int nqps, bool cm, char *why,
                               size_t whylen)
 {
     if (n != sizeof(*q)) {
@@ -55,8 +55,9 @@ weft_status_t vb_qpinfo_check(const struct vb_qpinfo *q, size_t n, int nqps, cha
         return WEFT_ERR_REMOTE;
     }
     for (int i = 0; i < nqps; i++) {
-        if (le32toh(q->qpn[i]) == 0 || le32toh(q->qpn[i]) > 0xffffffu ||
-            le32toh(q->psn[i]) > 0xffffffu) {
+        /* Through rdma_cm the numbers travel in its own exchange. */
+        if ((cm ? le32toh(q->qpn[i]) != 0 : le32toh(q->qpn[i]) == 0) ||
+            le32toh(q->qpn[i]) > 0xffffffu || le32toh(q->psn[i]) > 0xffffffu) {
             snprintf(why, whylen, "queue pair %d: bad number 0x%x or psn 0x%x", i,
                      le32toh(q->qpn[i]), le32toh(q->psn[i]));
             return WEFT_ERR_REMOTE;
@@ -102,6 +103,32 @@ static weft_status_t qp_fail(struct vb_conn *c, const char *what, int err)
     return WEFT_ERR_SYSTEM;
 }
 
+static void conn_up(struct vb_conn *c);
+
+void vb_qp_init_attr(struct vb_ctx *ctx, struct vb_qp *q, struct ibv_qp_init_attr *ia)
+{
+    *ia = (struct ibv_qp_init_attr){
+        .qp_context = q,
+        .send_cq = ctx->cq,
+        .recv_cq = ctx->cq,
+        .cap = {.max_send_wr = VB_SQ_DEPTH, .max_recv_wr = 2 * VB_FIFO,
+                .max_send_sge = 1, .max_recv_sge = 1, .max_inline_data = VB_INLINE},
+        .qp_type = IBV_QPT_RC,
+    };
+}
+
+weft_status_t vb_qp_prepare(struct vb_conn *c, struct vb_qp *q)
+{
+    struct ibv_qp_attr a;
+    struct ibv_qp_init_attr ia;
+    /* What the device granted: the inline size may be smaller. */
+    if (ibv_query_qp(q->qp, &a, IBV_QP_CAP, &ia) == 0 &&
+        (int)ia.cap.max_inline_data < c->ctx->max_inline)
+        c->ctx->max_inline = (int)ia.cap.max_inline_data;
+    /* Queue pair 0 also takes the peer's descriptors. */
+    return vb_post_recv(q, q->index == 0 ? 2 * VB_FIFO : VB_FIFO);
+}
+
 weft_status_t vb_conn_start(struct vb_conn *c)
 {
     struct vb_ctx *ctx = c->ctx;
@@ -109,24 +136,19 @@ weft_status_t vb_conn_start(struct vb_conn *c)
         return WEFT_OK;
     uint32_t psn[VB_MAX_QPS];
     WEFT_CHECK(weft_random_bytes(psn, sizeof(psn)));
+    WEFT_CHECK(weft_random_bytes(c->mine.nonce, sizeof(c->mine.nonce)));
     c->nqps = ctx->nqps;
     for (int i = 0; i < c->nqps; i++) {
         struct vb_qp *q = &c->qps[i];
         q->conn = c;
         q->index = i;
-        struct ibv_qp_init_attr ia = {
-            .qp_context = q,
-            .send_cq = ctx->cq,
-            .recv_cq = ctx->cq,
-            .cap = {.max_send_wr = VB_SQ_DEPTH, .max_recv_wr = 2 * VB_FIFO,
-                    .max_send_sge = 1, .max_recv_sge = 1, .max_inline_data = VB_INLINE},
-            .qp_type = IBV_QPT_RC,
-        };
+        if (c->cm)
+            continue; /* rdma_cm creates them as it connects */
+        struct ibv_qp_init_attr ia;
+        vb_qp_init_attr(ctx, q, &ia);
         q->qp = ibv_create_qp(ctx->pd, &ia);
         if (q->qp == NULL)
             return qp_fail(c, "cannot create a queue pair", errno);
-        if ((int)ia.cap.max_inline_data < ctx->max_inline)
-            ctx->max_inline = (int)ia.cap.max_inline_data;
         struct ibv_qp_attr a = {
             .qp_state = IBV_QPS_INIT,
             .pkey_index = 0,
@@ -138,8 +160,7 @@ weft_status_t vb_conn_start(struct vb_conn *c)
                                IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
         if (rc != 0)
             return qp_fail(c, "cannot move a queue pair to INIT", rc);
-        /* Queue pair 0 also takes the peer's descriptors. */
-        WEFT_CHECK(vb_post_recv(q, i == 0 ? 2 * VB_FIFO : VB_FIFO));
+        WEFT_CHECK(vb_qp_prepare(c, q));
         c->mine.qpn[i] = htole32(q->qp->qp_num);
         c->mine.psn[i] = htole32(psn[i] & 0xffffffu);
     }
@@ -157,6 +178,8 @@ weft_status_t vb_conn_start(struct vb_conn *c)
         return st;
     }
     c->state = VB_WAIT_PEER;
+    if (c->cm)
+        ctx->cm_setup++;
     if (!c->on_setup) {
         c->on_setup = true;
         c->next_setup = ctx->setup;
@@ -165,7 +188,35 @@ weft_status_t vb_conn_start(struct vb_conn *c)
     return WEFT_OK;
 }
 
-/* RTR and RTS toward the peer's queue pairs, then our ready. */
+void vb_conn_try_ready(struct vb_conn *c)
+{
+    struct vb_ctx *ctx = c->ctx;
+    if (c->ready_sent || !c->got_info || c->nup < c->nqps || c->err != WEFT_OK)
+        return;
+    const struct vb_qpinfo *t = &c->theirs;
+    c->peer_fifo = le64toh(t->fifo_addr);
+    c->peer_fifo_rkey = le32toh(t->fifo_rkey);
+    c->ready_out = htole32(VB_READY_MAGIC);
+    weft_status_t st = ctx->oob_ops->isend(c->oob, &c->ready_out, sizeof(c->ready_out), NULL,
+                                           &c->oob_sreq[1]);
+    if (st != WEFT_OK) {
+        vb_conn_fail(c, st, "rank %d: cannot send ready to rank %d: %s", ctx->rank, c->peer,
+                     weft_thread_last_error());
+        return;
+    }
+    c->ready_sent = true;
+    if (c->cm)
+        ctx->cm_setup--;
+    if (!c->on_setup) {
+        c->on_setup = true;
+        c->next_setup = ctx->setup;
+        ctx->setup = c;
+    }
+    if (c->peer_ready)
+        conn_up(c);
+}
+
+/* By hand: RTR and RTS toward the peer's queue pairs. */
 static weft_status_t conn_join(struct vb_conn *c)
 {
     struct vb_ctx *ctx = c->ctx;
@@ -210,15 +261,8 @@ static weft_status_t conn_join(struct vb_conn *c)
         if (rc != 0)
             return qp_fail(c, "cannot move a queue pair to RTS", rc);
     }
-    c->peer_fifo = le64toh(t->fifo_addr);
-    c->peer_fifo_rkey = le32toh(t->fifo_rkey);
-    c->ready_out = htole32(VB_READY_MAGIC);
-    weft_status_t st = ctx->oob_ops->isend(c->oob, &c->ready_out, sizeof(c->ready_out), NULL,
-                                           &c->oob_sreq[1]);
-    if (st != WEFT_OK)
-        vb_conn_fail(c, st, "rank %d: cannot send ready to rank %d: %s", ctx->rank, c->peer,
-                     weft_thread_last_error());
-    return st;
+    c->nup = c->nqps;
+    return WEFT_OK;
 }
 
 static bool conn_pending(const struct vb_conn *c)
@@ -229,6 +273,16 @@ static bool conn_pending(const struct vb_conn *c)
         if (c->rslot[i])
             return true;
     return false;
+}
+
+/* Both readies exchanged: nothing the peer writes can meet a queue pair
+ * that is not ready for it. */
+static void conn_up(struct vb_conn *c)
+{
+    c->state = VB_READY;
+    vb_work_add(c);
+    WEFT_TRACE(WEFT_SUB_NET, "rank %d: verbs connection to rank %d up (%d queue pairs%s)",
+               c->ctx->rank, c->peer, c->nqps, c->cm ? ", rdma_cm" : "");
 }
 
 /* One out-of-band receive finished (ok or not): what it was decides. */
@@ -248,29 +302,36 @@ static void oob_received(struct vb_conn *c, weft_status_t st, size_t n)
     }
     switch (c->phase) {
     case VB_PH_INFO:
-        if (vb_qpinfo_check(&c->theirs, n, ctx->nqps, why, sizeof(why)) != WEFT_OK) {
+        if (c->state == VB_IDLE && vb_conn_start(c) != WEFT_OK)
+            return;
+        if (vb_qpinfo_check(&c->theirs, n, ctx->nqps, c->cm, why, sizeof(why)) != WEFT_OK) {
             vb_conn_fail(c, WEFT_ERR_REMOTE, "rank %d: rank %d sent %s", ctx->rank, c->peer, why);
             return;
         }
-        if (c->state == VB_IDLE && vb_conn_start(c) != WEFT_OK)
-            return;
-        if (conn_join(c) != WEFT_OK)
-            return;
+        c->got_info = true;
         c->phase = VB_PH_READY;
         st = ctx->oob_ops->irecv(c->oob, &c->ready_in, sizeof(c->ready_in), NULL, &c->oob_rreq);
-        break;
+        if (st != WEFT_OK)
+            break;
+        /* By hand now; through rdma_cm the lower rank calls, the other
+         * answers the requests as they come (vb_cm_drain). */
+        if (!c->cm && conn_join(c) != WEFT_OK)
+            return;
+        if (c->cm && ctx->rank < c->peer && vb_cm_connect(c) != WEFT_OK)
+            return;
+        vb_conn_try_ready(c);
+        return;
     case VB_PH_READY:
         if (n != sizeof(c->ready_in) || le32toh(c->ready_in) != VB_READY_MAGIC) {
             vb_conn_fail(c, WEFT_ERR_REMOTE, "rank %d: rank %d sent a bad ready message",
                          ctx->rank, c->peer);
             return;
         }
-        c->state = VB_READY;
+        c->peer_ready = true;
         c->phase = VB_PH_WATCH;
-        vb_work_add(c);
-        WEFT_TRACE(WEFT_SUB_NET, "rank %d: verbs connection to rank %d up (%d queue pairs)",
-                   ctx->rank, c->peer, c->nqps);
         st = ctx->oob_ops->irecv(c->oob, &c->watch_byte, 1, NULL, &c->oob_rreq);
+        if (st == WEFT_OK && c->ready_sent)
+            conn_up(c);
         break;
     default:
         if (n == 1 && c->watch_byte == VB_BYE) {
@@ -473,12 +534,10 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
         return weft_error(comm, WEFT_ERR_INTERNAL, "verbs init: no out-of-band transport");
     struct weft_ib_hca_list filter;
     char why[256];
-    const char *cm = weft_param_str("WEFT_IB_CM");
-    if (strcmp(cm, "auto") != 0 && strcmp(cm, "oob") != 0)
+    const char *cm_mode = weft_param_str("WEFT_IB_CM");
+    if (strcmp(cm_mode, "auto") != 0 && strcmp(cm_mode, "oob") != 0 && strcmp(cm_mode, "rdmacm") != 0)
         return weft_error(comm, WEFT_ERR_INVALID_ARG,
-                          "WEFT_IB_CM=%s: weft sets queue pairs up over its tcp connections "
-                          "(auto or oob); it has no librdmacm path",
-                          cm);
+                          "WEFT_IB_CM=%s: expected auto, oob or rdmacm", cm_mode);
     if (weft_ib_hca_parse(weft_param_str("WEFT_IB_HCA"), &filter, why, sizeof(why)) != WEFT_OK)
         return weft_error(comm, WEFT_ERR_INVALID_ARG, "WEFT_IB_HCA: %s", why);
     struct vb_ctx *ctx = calloc(1, sizeof(*ctx));
@@ -503,9 +562,13 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
         free(ctx);
         return WEFT_ERR_INVALID_ARG;
     }
+    memcpy(ctx->secret, args->secret, sizeof(ctx->secret));
+    bool cm = strcmp(cm_mode, "oob") != 0 && vb_cm_open(ctx, &args->local, &filter);
     int ndev = 0;
-    struct ibv_device **list = ibv_get_device_list(&ndev);
-    if (list == NULL || ndev == 0) {
+    struct ibv_device **list = cm ? NULL : ibv_get_device_list(&ndev);
+    if (cm) {
+        /* rdma_cm picked the device that owns our address. */
+    } else if (list == NULL || ndev == 0) {
         WEFT_INFO(WEFT_SUB_INIT, "rank %d: no RDMA devices%s%s", ctx->rank, list ? "" : ": ",
                   list ? "" : strerror(errno));
         if (list)
@@ -513,8 +576,10 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
         free(ctx);
         return weft_error_quiet(comm, WEFT_ERR_UNSUPPORTED, "no RDMA devices");
     }
-    st = pick_port(ctx, list, ndev, &filter, args->rank);
-    ibv_free_device_list(list);
+    if (!cm) {
+        st = pick_port(ctx, list, ndev, &filter, args->rank);
+        ibv_free_device_list(list);
+    }
     if (st != WEFT_OK) {
         WEFT_INFO(WEFT_SUB_INIT, "rank %d: no active RDMA port matches WEFT_IB_HCA=%s", ctx->rank,
                   weft_param_str("WEFT_IB_HCA"));
@@ -564,6 +629,22 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
                         ctx->rank, ctx->devname, ctx->port, strerror(errno));
         goto fail;
     }
+    if (!cm && strcmp(cm_mode, "rdmacm") == 0) {
+        st = weft_error(comm, WEFT_ERR_INVALID_ARG,
+                        "rank %d: WEFT_IB_CM=rdmacm, but rdma_cm cannot serve %s here (the INFO "
+                        "log says why); auto falls back to the tcp exchange",
+                        ctx->rank, ctx->devname);
+        goto fail;
+    }
+    if (cm) {
+        ctx->me.cm = 1;
+        ctx->me.cm_family = (uint8_t)args->local.sa.sa_family;
+        ctx->me.cm_port = ctx->cm_port;
+        if (args->local.sa.sa_family == AF_INET)
+            memcpy(ctx->me.cm_ip, &args->local.in.sin_addr, 4);
+        else
+            memcpy(ctx->me.cm_ip, &args->local.in6.sin6_addr, 16);
+    }
     memcpy(addr, &ctx->me, sizeof(ctx->me));
     *addrlen = sizeof(ctx->me);
     char gid[64];
@@ -607,6 +688,7 @@ weft_status_t vb_connect(void *vctx, int peer, const void *addr, size_t addrlen,
         return st;
     }
     c->phase = VB_PH_INFO;
+    c->cm = ctx->cm_listen != NULL && c->addr.cm;
     ctx->conns[peer] = c;
     *vconn = c;
     return WEFT_OK;
@@ -656,9 +738,12 @@ void vb_finalize(void *vctx)
         struct vb_conn *c = ctx->conns[p];
         if (c == NULL)
             continue;
-        for (int i = 0; i < c->nqps; i++)
-            if (c->qps[i].qp)
+        for (int i = 0; i < c->nqps; i++) {
+            if (c->qps[i].cm_id)
+                vb_cm_qp_destroy(&c->qps[i]);
+            else if (c->qps[i].qp)
                 ibv_destroy_qp(c->qps[i].qp);
+        }
         free(c);
     }
     vb_rc_fini(ctx);
@@ -675,8 +760,9 @@ void vb_finalize(void *vctx)
         ibv_destroy_comp_channel(ctx->chan);
     if (ctx->pd)
         ibv_dealloc_pd(ctx->pd);
-    if (ctx->dev)
+    if (ctx->dev && !ctx->dev_borrowed)
         ibv_close_device(ctx->dev);
+    vb_cm_close(ctx);
     if (ctx->stopfd >= 0)
         close(ctx->stopfd);
     free(ctx->fifo_mem);
