@@ -120,6 +120,21 @@ WEFT_API weft_status_t weft_comm_rank(weft_comm_t comm, int *rank);
 WEFT_API weft_status_t weft_comm_size(weft_comm_t comm, int *nranks);
 /* The sticky error of comm: WEFT_OK while it is healthy. */
 WEFT_API weft_status_t weft_comm_get_error(weft_comm_t comm);
+
+/* Registers [buf, buf + bytes) with comm's zero-copy transports (verbs):
+ * collectives and sends on memory inside it move bytes straight to and
+ * from it instead of through bounce buffers.  The memory must stay mapped
+ * until weft_mem_deregister(comm, *handle) or weft_comm_destroy; freeing
+ * it first leaves the transport writing into pages nobody reads.  Without
+ * such a transport it records the range and changes nothing.  It waits
+ * for the collectives comm is driving to let go of the transports.
+ * bytes == 0 gives a valid handle that registers nothing. */
+WEFT_API weft_status_t weft_mem_register(weft_comm_t comm, void *buf, size_t bytes,
+                                         void **handle);
+/* Undoes weft_mem_register; a handle of another communicator, or one
+ * deregistered already, is WEFT_ERR_INVALID_ARG (handles are looked up,
+ * never read before they are found). */
+WEFT_API weft_status_t weft_mem_deregister(weft_comm_t comm, void *handle);
 /* Deterministic mode on (1) or off (0); a new communicator starts with
  * WEFT_DETERMINISTIC, one made by split or shrink with its parent's
  * setting.  On, allreduce, reduce_scatter and reduce combine every element

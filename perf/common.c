@@ -45,6 +45,7 @@ typedef struct {
     int root;
     const char *algo;      /* -a, or NULL */
     const char *json_path; /* -J, or NULL */
+    int reg;               /* -R: weft_mem_register the buffers */
 } perf_opts_t;
 
 /* One rank's line of the header, gathered to every rank. */
@@ -62,6 +63,7 @@ typedef struct {
     weft_comm_t comm;
     int rank, nranks;
     unsigned char *sendbuf, *recvbuf; /* bufbytes each, touched once */
+    void *reg[2];                     /* -R: their registrations */
     size_t bufbytes;
     double sync[1];
     FILE *json;      /* rank 0 with -J only */
@@ -138,6 +140,7 @@ static void perf_usage(const perf_coll_t *coll, FILE *f)
             "  -z, --blocking 0/1       accepted; weft's calls always block\n"
             "  -a, --algo ALGO          sets WEFT_ALGO before init\n"
             "  -J, --json FILE          also write every row as JSON to FILE\n"
+            "  -R, --register 0/1       weft_mem_register the buffers (zero-copy over verbs)\n"
             "  -h, --help               this text\n",
             coll->name);
 }
@@ -151,7 +154,8 @@ static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_
         {"check", required_argument, NULL, 'c'}, {"datatype", required_argument, NULL, 'd'},
         {"op", required_argument, NULL, 'o'}, {"root", required_argument, NULL, 'r'},
         {"blocking", required_argument, NULL, 'z'}, {"algo", required_argument, NULL, 'a'},
-        {"json", required_argument, NULL, 'J'}, {"help", no_argument, NULL, 'h'},
+        {"json", required_argument, NULL, 'J'}, {"register", required_argument, NULL, 'R'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     memset(o, 0, sizeof(*o));
     o->minbytes = o->maxbytes = 32u << 20;
@@ -165,7 +169,7 @@ static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_
     int c;
     long v;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:d:o:r:z:a:J:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:d:o:r:z:a:J:R:h", longopts, NULL)) != -1) {
         const char *bad = NULL;
         switch (c) {
         case 'b': if (perf_parse_size(optarg, &o->minbytes)) bad = "-b wants a size like 8, 64K, 32M"; break;
@@ -178,6 +182,7 @@ static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_
         case 'z': if (parse_int(optarg, 0, 1, &v)) bad = "-z wants 0 or 1"; else o->blocking = (int)v; break;
         case 'a': o->algo = optarg; break;
         case 'J': o->json_path = optarg; break;
+        case 'R': if (parse_int(optarg, 0, 1, &v)) bad = "-R wants 0 or 1"; else o->reg = (int)v; break;
         case 'd':
             o->dtype_all = strcmp(optarg, "all") == 0;
             bad = o->dtype_all ? NULL : "-d wants a datatype name or all";
@@ -600,6 +605,11 @@ int perf_main(const perf_coll_t *coll, int argc, char **argv)
     if (ctx->sendbuf == NULL || ctx->recvbuf == NULL) {
         fprintf(stderr, "# rank %d: cannot allocate 2 x %zu bytes\n", ctx->rank, ctx->bufbytes);
         failed = 1;
+    } else if (ctx->opt.reg &&
+               (weft_mem_register(ctx->comm, ctx->sendbuf, ctx->bufbytes, &ctx->reg[0]) != WEFT_OK ||
+                weft_mem_register(ctx->comm, ctx->recvbuf, ctx->bufbytes, &ctx->reg[1]) != WEFT_OK)) {
+        fprintf(stderr, "# rank %d: weft_mem_register: %s\n", ctx->rank, weft_last_error(ctx->comm));
+        failed = 1;
     }
     if (ctx->rank == 0 && ctx->opt.json_path) {
         ctx->json = fopen(ctx->opt.json_path, "w");
@@ -635,6 +645,9 @@ int perf_main(const perf_coll_t *coll, int argc, char **argv)
     exit_code = ctx->wrong_total ? 1 : 0;
 
 out_destroy:
+    for (int i = 0; i < 2; i++)
+        if (ctx->reg[i])
+            weft_mem_deregister(ctx->comm, ctx->reg[i]);
     st = weft_comm_destroy(ctx->comm);
     if (st != WEFT_OK) {
         fprintf(stderr, "# rank %d: weft_comm_destroy failed: %s: %s\n", ctx->rank,

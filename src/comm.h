@@ -20,6 +20,7 @@
 struct weft_bootstrap;
 struct weft_engine;
 struct weft_transport_ops;
+struct weft_reg;
 
 /*
  * Owner: the application (created by weft_comm_init*, freed by
@@ -49,6 +50,7 @@ struct weft_comm {
     } tp[WEFT_MAX_TRANSPORTS];
     int ntp;
     bool verbs_off;                    /* some rank has no usable RDMA device */
+    struct weft_reg *regs;             /* weft_mem_register's, under err_mu */
     const struct weft_transport_ops **link_ops; /* (nranks) NULL for self */
     struct weft_link_table topo;       /* per-pair transport and cost */
     void **conns;                      /* (nranks) */

@@ -640,12 +640,11 @@ void weft_engine_get_stats(struct weft_comm *comm, struct weft_engine_stats *out
     pthread_mutex_unlock(&eng->mu);
 }
 
-void weft_engine_abort(struct weft_comm *comm, weft_status_t status)
+/* Waits until no thread drives comm, then drives it: the transports are
+ * ours until engine_release. */
+static void engine_take(struct weft_comm *comm)
 {
     struct weft_engine *eng = comm->eng;
-    weft_comm_fail(comm, status);
-    atomic_store(&comm->aborting, 1);
-    weft_comm_wakeup(comm);
     pthread_mutex_lock(&eng->mu);
     while (eng->driving) {
         pthread_mutex_unlock(&eng->mu);
@@ -662,9 +661,31 @@ void weft_engine_abort(struct weft_comm *comm, weft_status_t status)
     }
     eng->driving = true;
     pthread_mutex_unlock(&eng->mu);
-    fail_all(eng, status);
+}
+
+static void engine_release(struct weft_engine *eng)
+{
     pthread_mutex_lock(&eng->mu);
     eng->driving = false;
     pthread_cond_broadcast(&eng->cv);
     pthread_mutex_unlock(&eng->mu);
+}
+
+weft_status_t weft_engine_exclusive(struct weft_comm *comm, weft_status_t (*fn)(void *), void *arg)
+{
+    engine_take(comm);
+    weft_status_t st = fn(arg);
+    engine_release(comm->eng);
+    return st;
+}
+
+void weft_engine_abort(struct weft_comm *comm, weft_status_t status)
+{
+    struct weft_engine *eng = comm->eng;
+    weft_comm_fail(comm, status);
+    atomic_store(&comm->aborting, 1);
+    weft_comm_wakeup(comm);
+    engine_take(comm);
+    fail_all(eng, status);
+    engine_release(eng);
 }

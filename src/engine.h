@@ -70,6 +70,10 @@ weft_status_t weft_engine_drain(struct weft_comm *comm) WEFT_HIDDEN;
 /* Fails every pending op with status and wakes all waiters; returns once
  * no thread is driving progress. */
 void weft_engine_abort(struct weft_comm *comm, weft_status_t status) WEFT_HIDDEN;
+/* Runs fn(arg) as the thread that drives comm (once the current driver,
+ * if any, lets go): what it does to the transports races with nothing. */
+weft_status_t weft_engine_exclusive(struct weft_comm *comm, weft_status_t (*fn)(void *), void *arg)
+    WEFT_HIDDEN;
 struct weft_comm *weft_op_comm(struct weft_op *op) WEFT_HIDDEN;
 void weft_engine_get_stats(struct weft_comm *comm, struct weft_engine_stats *out) WEFT_HIDDEN;
 

@@ -235,6 +235,33 @@ Test(api, null_buffers, .timeout = 30)
     cr_expect_eq(weft_comm_destroy(comm), WEFT_OK);
 }
 
+/* Registration: bad arguments refused, handles looked up (another
+ * communicator's, a deregistered one and a made-up one are refused without
+ * being read), and collectives on registered memory still right. */
+Test(api, mem_register, .timeout = 30)
+{
+    weft_comm_t a = one_rank(), b = one_rank();
+    float buf[64] = {0};
+    void *h = (void *)1, *hb = NULL;
+    cr_expect_eq(weft_mem_register(NULL, buf, sizeof(buf), &h), WEFT_ERR_INVALID_ARG);
+    cr_expect_eq(weft_mem_register(a, NULL, 16, &h), WEFT_ERR_INVALID_ARG);
+    cr_expect_eq(weft_mem_register(a, buf, sizeof(buf), NULL), WEFT_ERR_INVALID_ARG);
+    cr_assert_eq(weft_mem_register(a, buf, sizeof(buf), &h), WEFT_OK, "%s", weft_last_error(a));
+    cr_assert_eq(weft_mem_register(b, buf, 0, &hb), WEFT_OK, "%s", weft_last_error(b));
+    cr_expect_eq(weft_allreduce(buf, buf, 64, WEFT_FLOAT32, WEFT_SUM, a), WEFT_OK);
+    cr_expect_eq(weft_mem_deregister(b, h), WEFT_ERR_INVALID_ARG, "another comm's handle");
+    cr_expect(strstr(weft_last_error(b), "not a registration"), "%s", weft_last_error(b));
+    cr_expect_eq(weft_mem_deregister(a, buf), WEFT_ERR_INVALID_ARG, "a made-up handle");
+    cr_expect_eq(weft_mem_deregister(a, NULL), WEFT_ERR_INVALID_ARG);
+    cr_expect_eq(weft_mem_deregister(a, h), WEFT_OK, "%s", weft_last_error(a));
+    cr_expect_eq(weft_mem_deregister(a, h), WEFT_ERR_INVALID_ARG, "deregistered twice");
+    cr_expect_eq(weft_mem_deregister(b, hb), WEFT_OK);
+    /* A registration still held at destroy is released with the comm. */
+    cr_assert_eq(weft_mem_register(a, buf, sizeof(buf), &h), WEFT_OK);
+    cr_expect_eq(weft_comm_destroy(a), WEFT_OK);
+    cr_expect_eq(weft_comm_destroy(b), WEFT_OK);
+}
+
 Test(api, bad_dtype_op_root_count, .timeout = 30)
 {
     weft_comm_t comm = one_rank();

@@ -27,6 +27,17 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
 export LD_PRELOAD="$sv${LD_PRELOAD:+:$LD_PRELOAD}"
 export WEFT_TEST_SOFTVERBS=1
 "$build/test_coll" --jobs 1 --filter 'verbs/*' || rc=1
+# Registered buffers (zero-copy) and two queue pairs per peer, 3 ranks,
+# every result checked by the perf tools themselves.
+for tool in sendrecv all_reduce all_gather; do
+    if ! WEFT_TRANSPORT=verbs WEFT_IB_QPS_PER_CONNECTION=2 timeout 120 \
+        "$build/weftrun" -n 3 "$build/${tool}_perf" -b 8 -e 4M -f 8 -n 3 -w 1 -c 1 -R 1 \
+        >"$build/verbs-$tool.out" 2>&1; then
+        echo "verbs.sh: FAIL: ${tool}_perf -R 1 over verbs:"; tail -20 "$build/verbs-$tool.out"; rc=1
+    else
+        echo "verbs.sh: ${tool}_perf -R 1, 2 queue pairs, 3 ranks: $(grep 'Out of bounds' "$build/verbs-$tool.out")"
+    fi
+done
 "$build/test_faults" --jobs 1 --filter 'faults/*verbs' || rc=1
 "$build/test_cluster" --jobs 1 --filter 'cluster/*verbs*' || rc=1
 exit $rc

@@ -685,16 +685,8 @@ ncclResult_t pncclMemFree(void *ptr)
 }
 NCCL_ALIAS(ncclMemFree);
 
-/* Registration: host memory needs none on weft's TCP path; the handle
- * records the range so deregistration can check it. */
-struct reg_handle {
-    uint32_t magic;
-    struct ncclComm *comm;
-    void *buff;
-    size_t size;
-};
-#define REG_MAGIC 0x72656721u
-
+/* Registration: weft_mem_register (zero-copy over verbs; a record of the
+ * range elsewhere). */
 ncclResult_t pncclCommRegister(const ncclComm_t comm, void *buff, size_t size, void **handle)
 {
     ncclResult_t r;
@@ -705,13 +697,7 @@ ncclResult_t pncclCommRegister(const ncclComm_t comm, void *buff, size_t size, v
         return compat_release(c, compat_fail(c, ncclInvalidArgument,
                                              "ncclCommRegister: buff %p, handle %p", buff,
                                              (void *)handle));
-    struct reg_handle *h = malloc(sizeof(*h));
-    if (h == NULL)
-        return compat_release(c, compat_fail(c, ncclSystemError,
-                                             "ncclCommRegister: out of memory"));
-    *h = (struct reg_handle){REG_MAGIC, c, buff, size};
-    *handle = h;
-    return compat_release(c, ncclSuccess);
+    return compat_release(c, compat_status(c, "ncclCommRegister", weft_mem_register(c->wc, buff, size, handle)));
 }
 NCCL_ALIAS(ncclCommRegister);
 
@@ -721,15 +707,7 @@ ncclResult_t pncclCommDeregister(const ncclComm_t comm, void *handle)
     struct ncclComm *c = comm_get(comm, "ncclCommDeregister", &r);
     if (c == NULL)
         return r;
-    struct reg_handle *h = handle;
-    if (h == NULL || h->magic != REG_MAGIC || h->comm != c)
-        return compat_release(c, compat_fail(c, ncclInvalidArgument,
-                                             "ncclCommDeregister: %p is not a registration "
-                                             "of this communicator",
-                                             handle));
-    h->magic = 0;
-    free(h);
-    return compat_release(c, ncclSuccess);
+    return compat_release(c, compat_status(c, "ncclCommDeregister", weft_mem_deregister(c->wc, handle)));
 }
 NCCL_ALIAS(ncclCommDeregister);
 
