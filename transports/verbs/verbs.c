@@ -93,6 +93,12 @@ void vb_conn_fail(struct vb_conn *c, weft_status_t st, const char *fmt, ...)
     c->err = st;
     c->state = VB_FAILED;
     weft_error(c->ctx->comm, st, "%s", c->errmsg);
+    /* Tell the peer now: its side of the queue pairs would only learn of
+     * it from a retry timeout.  The request is freed with the tcp context. */
+    static const uint8_t failed = VB_FAILED_BYTE;
+    void *req;
+    if (c->oob)
+        (void)c->ctx->oob_ops->isend(c->oob, &failed, 1, NULL, &req); /* down too: nothing to tell */
     /* The queue pairs go to the error state: the hardware stops touching
      * our buffers and flushes every outstanding work request, so the
      * requests in flight learn of it from their completions. */

@@ -38,6 +38,7 @@
 #define VB_ADDR_MAGIC 0x31425657u  /* "WVB1" */
 #define VB_INFO_MAGIC 0x31515657u  /* "WVQ1" */
 #define VB_REQ_SLAB 64
+#define VB_FAILED_BYTE 0x46        /* "F" on the tcp watch: the sender failed the connection */
 
 /* Immediate data: kind in bits 31-30, stripes - 1 in 29-24, seq in 23-0. */
 enum { VB_IMM_DATA = 0, VB_IMM_FIFO = 1, VB_IMM_TOOLONG = 2 };

@@ -343,6 +343,13 @@ static void oob_received(struct vb_conn *c, weft_status_t st, size_t n)
             c->peer_gone = true;
             return;
         }
+        if (n == 1 && c->watch_byte == VB_FAILED_BYTE) {
+            vb_conn_fail(c, WEFT_ERR_REMOTE,
+                         "rank %d: rank %d failed its verbs connection to this rank (its error "
+                         "says why)",
+                         ctx->rank, c->peer);
+            return;
+        }
         vb_conn_fail(c, WEFT_ERR_REMOTE,
                      "rank %d: rank %d sent bytes on its verbs watch connection", ctx->rank,
                      c->peer);
