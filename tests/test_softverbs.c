@@ -1,18 +1,24 @@
 /* test_softverbs.c - the software verbs device (tests/softverbs) against
  * the real libibverbs: every test forks one or two peers that re-execute
  * this binary with the device preloaded, exchange QP numbers, GIDs, rkeys
- * and addresses over a socketpair, and check what hardware would do. */
+ * and addresses over a socketpair, and check what hardware would do.  The
+ * cm_* scenarios drive the device's connection manager (sv_cm.c) through
+ * the real librdmacm's entry points. */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
+#include <net/if.h>
 #include <poll.h>
+#include <rdma/rdma_cma.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -1007,6 +1013,562 @@ static int scn_fault_port_down(void)
     return 0;
 }
 
+/* ---- connection manager ---- */
+
+struct cm_side {
+    struct rdma_event_channel *ch;
+    struct rdma_cm_id *id;
+    struct ibv_pd *pd;
+    struct ibv_cq *cq;
+    struct ibv_mr *mr;
+    char *buf;
+};
+
+/* What the passive side tells the active one in its accept. */
+struct cm_offer {
+    uint64_t addr;
+    uint32_t rkey;
+    pid_t pid;
+};
+
+static struct rdma_event_channel *cm_channel(void)
+{
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+
+    CHECK(ch);
+    CHECK(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK) == 0);
+    return ch;
+}
+
+static struct rdma_cm_event *cm_expect(struct rdma_event_channel *ch,
+                                       enum rdma_cm_event_type want, int ms)
+{
+    struct pollfd pfd = {.fd = ch->fd, .events = POLLIN};
+    uint64_t end = now_ms() + (uint64_t)ms;
+    struct rdma_cm_event *ev;
+
+    while (rdma_get_cm_event(ch, &ev)) {
+        CHECK(errno == EAGAIN);
+        CHECK(now_ms() < end);
+        CHECK(poll(&pfd, 1, 50) >= 0);
+    }
+    if (ev->event != want)
+        fprintf(stderr, "peer %s: got %s (status %d), want %s\n", role, rdma_event_str(ev->event),
+                ev->status, rdma_event_str(want));
+    CHECK(ev->event == want);
+    return ev;
+}
+
+static void cm_no_event(struct rdma_event_channel *ch, int ms)
+{
+    struct rdma_cm_event *ev;
+
+    usleep((useconds_t)ms * 1000);
+    errno = 0;
+    CHECK(rdma_get_cm_event(ch, &ev) == -1 && errno == EAGAIN);
+}
+
+static struct sockaddr_in cm_sin(const char *ip, uint16_t port_be)
+{
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = port_be};
+
+    CHECK(inet_pton(AF_INET, ip, &sin.sin_addr) == 1);
+    return sin;
+}
+
+/* PD, CQ and MR on the id's own context, and the QP through rdma_cm. */
+static void cm_qp(struct cm_side *s, struct rdma_cm_id *id)
+{
+    struct ibv_qp_init_attr ia = {.qp_type = IBV_QPT_RC,
+                                  .cap = {.max_send_wr = 16, .max_recv_wr = 16,
+                                          .max_send_sge = 1, .max_recv_sge = 1}};
+
+    CHECK(id->verbs && id->port_num == 1);
+    s->pd = ibv_alloc_pd(id->verbs);
+    CHECK(s->pd);
+    s->cq = ibv_create_cq(id->verbs, 64, NULL, NULL, 0);
+    CHECK(s->cq);
+    s->buf = calloc(1, MiB);
+    CHECK(s->buf);
+    s->mr = ibv_reg_mr(s->pd, s->buf, MiB, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    CHECK(s->mr);
+    ia.send_cq = ia.recv_cq = s->cq;
+    CHECK(rdma_create_qp(id, s->pd, &ia) == 0 && id->qp);
+    s->id = id;
+}
+
+static void cm_qp_free(struct cm_side *s)
+{
+    rdma_destroy_qp(s->id);
+    CHECK(ibv_dereg_mr(s->mr) == 0);
+    CHECK(ibv_destroy_cq(s->cq) == 0);
+    CHECK(ibv_dealloc_pd(s->pd) == 0);
+    free(s->buf);
+}
+
+static struct ibv_wc cm_wc(struct cm_side *s)
+{
+    uint64_t end = now_ms() + 10000;
+    struct ibv_wc wc;
+    int n;
+
+    while ((n = ibv_poll_cq(s->cq, 1, &wc)) == 0) {
+        CHECK(now_ms() < end);
+        usleep(100);
+    }
+    CHECK(n == 1);
+    return wc;
+}
+
+/* A listener on ip, its port sent to the peer. */
+static struct rdma_cm_id *cm_listen(struct rdma_event_channel *ch, const char *ip, void *ctx)
+{
+    struct sockaddr_in sin = cm_sin(ip, 0);
+    struct rdma_cm_id *l;
+    uint16_t port;
+
+    CHECK(rdma_create_id(ch, &l, ctx, RDMA_PS_TCP) == 0);
+    CHECK(rdma_bind_addr(l, (struct sockaddr *)&sin) == 0);
+    CHECK(rdma_listen(l, 8) == 0);
+    port = rdma_get_src_port(l);
+    CHECK(port != 0);
+    full_io(true, &port, sizeof(port));
+    return l;
+}
+
+/* Resolves and connects a new id with a QP; the outcome is the caller's. */
+static void cm_dial(struct cm_side *s, struct rdma_event_channel *ch, const char *ip,
+                    uint16_t port, const char *priv)
+{
+    struct sockaddr_in dst = cm_sin(ip, port);
+    struct rdma_conn_param cp = {.private_data = priv,
+                                 .private_data_len = (uint8_t)(strlen(priv) + 1),
+                                 .responder_resources = 1, .initiator_depth = 1,
+                                 .retry_count = 7, .rnr_retry_count = 7};
+    struct rdma_cm_id *id;
+
+    CHECK(rdma_create_id(ch, &id, s, RDMA_PS_TCP) == 0);
+    CHECK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000) == 0);
+    rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED, 5000));
+    CHECK(rdma_resolve_route(id, 2000) == 0);
+    rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, 5000));
+    cm_qp(s, id);
+    CHECK(rdma_get_dst_port(id) == port);
+    CHECK(rdma_connect(id, &cp) == 0);
+}
+
+/* The passive side's CONNECT_REQUEST, checked against the listener. */
+static struct rdma_cm_id *cm_request(struct rdma_event_channel *ch, struct rdma_cm_id *l,
+                                     const char *want_priv)
+{
+    struct rdma_cm_event *ev = cm_expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST, 10000);
+    const char *p = ev->param.conn.private_data;
+    size_t n = strlen(want_priv) + 1;
+    struct rdma_cm_id *id = ev->id;
+
+    CHECK(ev->listen_id == l && id != l && id->context == l->context && id->verbs);
+    /* IB and RoCE deliver the whole REQ area, zero-padded */
+    CHECK(ev->param.conn.private_data_len == 56 && !memcmp(p, want_priv, n));
+    for (size_t i = n; i < 56; i++)
+        CHECK(p[i] == 0);
+    CHECK(ev->param.conn.retry_count == 7 && ev->param.conn.rnr_retry_count == 7);
+    CHECK(rdma_get_src_port(id) == rdma_get_src_port(l));
+    rdma_ack_cm_event(ev);
+    return id;
+}
+
+static int scn_cm_basic(void)
+{
+    struct rdma_event_channel *ch = cm_channel();
+    struct sockaddr_in far = cm_sin("192.0.2.1", htons(7471)), lo = cm_sin("127.0.0.1", 0);
+    struct rdma_cm_id *a, *b, *c, *d;
+    struct rdma_cm_event *ev;
+    struct cm_side s = {0};
+    struct rdma_addrinfo *res = NULL;
+    uint8_t tos = 0;
+    uint16_t a_port;
+    int marker;
+
+    errno = 0;
+    CHECK(rdma_get_cm_event(ch, &ev) == -1 && errno == EAGAIN);
+    errno = 0;
+    CHECK(rdma_create_id(ch, &a, NULL, RDMA_PS_UDP) == -1 &&
+          (errno == EINVAL || errno == EOPNOTSUPP));
+    CHECK(rdma_create_id(ch, &a, &marker, RDMA_PS_TCP) == 0 && a->context == &marker);
+    CHECK(a->verbs == NULL);
+    errno = 0;
+    CHECK(rdma_bind_addr(a, (struct sockaddr *)&far) == -1 && errno == EADDRNOTAVAIL);
+    CHECK(rdma_bind_addr(a, (struct sockaddr *)&lo) == 0);
+    CHECK(rdma_get_src_port(a) != 0 && a->verbs && a->port_num == 1);
+    CHECK(((struct sockaddr_in *)rdma_get_local_addr(a))->sin_addr.s_addr == htonl(0x7f000001));
+    /* the same port again is taken */
+    lo.sin_port = a_port = rdma_get_src_port(a);
+    CHECK(rdma_create_id(ch, &b, NULL, RDMA_PS_TCP) == 0);
+    errno = 0;
+    CHECK(rdma_bind_addr(b, (struct sockaddr *)&lo) == -1 && errno == EADDRINUSE);
+    /* a is bound, not listening: a REQ to it finds nobody */
+    CHECK(rdma_create_id(ch, &c, NULL, RDMA_PS_TCP) == 0);
+    CHECK(rdma_connect(c, NULL) == -1 && errno == EINVAL); /* no route yet */
+    CHECK(rdma_resolve_addr(c, NULL, (struct sockaddr *)&lo, 2000) == 0);
+    ev = cm_expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED, 5000);
+    CHECK(ev->id == c && ev->status == 0 && c->verbs == a->verbs && c->port_num == 1);
+    rdma_ack_cm_event(ev);
+    CHECK(((struct sockaddr_in *)rdma_get_peer_addr(c))->sin_port == lo.sin_port);
+    CHECK(rdma_resolve_route(c, 2000) == 0);
+    rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, 5000));
+    errno = 0;
+    CHECK(rdma_connect(c, NULL) == -1 && errno == EINVAL); /* no QP */
+    cm_qp(&s, c);
+    CHECK(rdma_connect(c, NULL) == 0);
+    ev = cm_expect(ch, RDMA_CM_EVENT_UNREACHABLE, 5000);
+    CHECK(ev->id == c);
+    rdma_ack_cm_event(ev);
+    {
+        struct ibv_qp_attr qa;
+        struct ibv_qp_init_attr qia;
+
+        CHECK(ibv_query_qp(c->qp, &qa, IBV_QP_STATE, &qia) == 0 && qa.qp_state == IBV_QPS_ERR);
+    }
+    cm_qp_free(&s);
+    /* nobody at all on that port; the id's own PD and CQs made by rdma_cm */
+    CHECK(rdma_create_id(ch, &d, NULL, RDMA_PS_TCP) == 0);
+    lo.sin_port = htons(1);
+    CHECK(rdma_resolve_addr(d, NULL, (struct sockaddr *)&lo, 2000) == 0);
+    rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED, 5000));
+    CHECK(rdma_resolve_route(d, 2000) == 0);
+    rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, 5000));
+    {
+        struct ibv_qp_init_attr ia = {.qp_type = IBV_QPT_RC,
+                                      .cap = {.max_send_wr = 4, .max_recv_wr = 4,
+                                              .max_send_sge = 1, .max_recv_sge = 1}};
+
+        CHECK(d->pd && rdma_create_qp(d, NULL, &ia) == 0 && d->send_cq && d->recv_cq);
+    }
+    CHECK(rdma_connect(d, NULL) == 0);
+    ev = cm_expect(ch, RDMA_CM_EVENT_UNREACHABLE, 5000);
+    CHECK(ev->id == d);
+    rdma_ack_cm_event(ev);
+    rdma_destroy_qp(d);
+    /* the real librdmacm's own code on our objects fails, never crashes */
+    CHECK(!strcmp(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED"));
+    CHECK(rdma_set_option(b, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof(tos)) != 0);
+    if (rdma_getaddrinfo("127.0.0.1", "7471", NULL, &res) == 0)
+        rdma_freeaddrinfo(res);
+    {
+        struct ibv_context **devs = rdma_get_devices(NULL);
+
+        if (devs)
+            rdma_free_devices(devs);
+    }
+    cm_no_event(ch, 10);
+    CHECK(rdma_destroy_id(d) == 0);
+    CHECK(rdma_destroy_id(c) == 0);
+    CHECK(rdma_destroy_id(b) == 0);
+    CHECK(rdma_destroy_id(a) == 0);
+    /* the port is free again */
+    CHECK(rdma_create_id(ch, &a, NULL, RDMA_PS_TCP) == 0);
+    lo.sin_port = a_port;
+    CHECK(rdma_bind_addr(a, (struct sockaddr *)&lo) == 0);
+    CHECK(rdma_destroy_id(a) == 0);
+    rdma_destroy_event_channel(ch);
+    return 0;
+}
+
+/* Listen, resolve, connect, accept; a WRITE WITH IMM over the QPs; then a
+ * disconnects and both sides hear of it. */
+static int scn_cm_connect(void)
+{
+    struct rdma_event_channel *ch = cm_channel();
+    struct cm_side s = {0};
+    struct rdma_cm_event *ev;
+    struct ibv_wc wc;
+
+    if (!is_a()) {
+        struct rdma_cm_id *l = cm_listen(ch, "127.0.0.1", &s), *id;
+        struct cm_offer o;
+        struct rdma_conn_param cp = {.private_data = &o, .private_data_len = sizeof(o),
+                                     .responder_resources = 1, .initiator_depth = 1,
+                                     .rnr_retry_count = 7};
+
+        id = cm_request(ch, l, "weft-cm-hello");
+        cm_qp(&s, id);
+        post_recv(&(struct side){.qp = id->qp, .buf = s.buf, .mr = s.mr}, 55, 0, 0);
+        o.addr = (uintptr_t)s.buf;
+        o.rkey = s.mr->rkey;
+        o.pid = getpid();
+        CHECK(rdma_accept(id, &cp) == 0);
+        ev = cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000);
+        CHECK(ev->id == id && ev->listen_id == NULL);
+        rdma_ack_cm_event(ev);
+        wc = cm_wc(&s);
+        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 55 &&
+              wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && ntohl(wc.imm_data) == 0xc0ffee &&
+              wc.byte_len == 65536 && filled(s.buf + 4096, 65536, 11));
+        ev = cm_expect(ch, RDMA_CM_EVENT_DISCONNECTED, 10000);
+        CHECK(ev->id == id);
+        rdma_ack_cm_event(ev);
+        CHECK(rdma_disconnect(id) == 0); /* answers; no second event */
+        cm_no_event(ch, 50);
+        cm_qp_free(&s);
+        CHECK(rdma_destroy_id(id) == 0);
+        CHECK(rdma_destroy_id(l) == 0);
+    } else {
+        struct cm_offer o;
+        uint16_t port;
+        struct ibv_sge sg;
+        struct ibv_send_wr wr = {0}, *bad;
+
+        full_io(false, &port, sizeof(port));
+        cm_dial(&s, ch, "127.0.0.1", port, "weft-cm-hello");
+        ev = cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000);
+        CHECK(ev->id == s.id && ev->param.conn.private_data_len == 196);
+        memcpy(&o, ev->param.conn.private_data, sizeof(o));
+        rdma_ack_cm_event(ev);
+        CHECK(((struct sockaddr_in *)rdma_get_peer_addr(s.id))->sin_port == port);
+        fill(s.buf, 65536, 11);
+        sg = (struct ibv_sge){(uintptr_t)s.buf, 65536, s.mr->lkey};
+        wr.wr_id = 9;
+        wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.sg_list = &sg;
+        wr.num_sge = 1;
+        wr.imm_data = htonl(0xc0ffee);
+        wr.wr.rdma.remote_addr = o.addr + 4096;
+        wr.wr.rdma.rkey = o.rkey;
+        CHECK(ibv_post_send(s.id->qp, &wr, &bad) == 0);
+        wc = cm_wc(&s);
+        CHECK(wc.wr_id == 9 && wc.status == IBV_WC_SUCCESS);
+        CHECK(rdma_disconnect(s.id) == 0);
+        ev = cm_expect(ch, RDMA_CM_EVENT_DISCONNECTED, 10000);
+        CHECK(ev->id == s.id);
+        rdma_ack_cm_event(ev);
+        /* the QP went to ERR: new work flushes */
+        wr.wr_id = 10;
+        CHECK(ibv_post_send(s.id->qp, &wr, &bad) == 0);
+        wc = cm_wc(&s);
+        CHECK(wc.wr_id == 10 && wc.status == IBV_WC_WR_FLUSH_ERR);
+        cm_qp_free(&s);
+        CHECK(rdma_destroy_id(s.id) == 0);
+    }
+    rdma_destroy_event_channel(ch);
+    return 0;
+}
+
+static int scn_cm_reject(void)
+{
+    struct rdma_event_channel *ch = cm_channel();
+    struct cm_side s = {0};
+    struct rdma_cm_event *ev;
+    static const char no[] = "not today";
+
+    if (!is_a()) {
+        struct rdma_cm_id *l = cm_listen(ch, "127.0.0.1", NULL), *id;
+
+        id = cm_request(ch, l, "please");
+        CHECK(rdma_reject(id, no, sizeof(no)) == 0);
+        CHECK(rdma_accept(id, NULL) == -1 && errno == EINVAL);
+        sync_peer();
+        cm_no_event(ch, 10);
+        CHECK(rdma_destroy_id(id) == 0);
+        CHECK(rdma_destroy_id(l) == 0);
+    } else {
+        uint16_t port;
+        struct ibv_qp_attr qa;
+        struct ibv_qp_init_attr qia;
+
+        full_io(false, &port, sizeof(port));
+        cm_dial(&s, ch, "127.0.0.1", port, "please");
+        ev = cm_expect(ch, RDMA_CM_EVENT_REJECTED, 10000);
+        CHECK(ev->id == s.id && ev->status == 28 && ev->param.conn.private_data_len == 148 &&
+              !memcmp(ev->param.conn.private_data, no, sizeof(no)));
+        rdma_ack_cm_event(ev);
+        CHECK(ibv_query_qp(s.id->qp, &qa, IBV_QP_STATE, &qia) == 0 &&
+              qa.qp_state == IBV_QPS_ERR);
+        sync_peer();
+        cm_qp_free(&s);
+        CHECK(rdma_destroy_id(s.id) == 0);
+    }
+    rdma_destroy_event_channel(ch);
+    return 0;
+}
+
+/* b dies once connected: a hears DISCONNECTED. */
+static int scn_cm_killed(void)
+{
+    struct rdma_event_channel *ch = cm_channel();
+    struct cm_side s = {0};
+    struct rdma_cm_event *ev;
+
+    if (!is_a()) {
+        struct rdma_cm_id *l = cm_listen(ch, "127.0.0.1", NULL), *id;
+        struct cm_offer o = {.pid = getpid()};
+        struct rdma_conn_param cp = {.private_data = &o, .private_data_len = sizeof(o)};
+
+        id = cm_request(ch, l, "x");
+        cm_qp(&s, id);
+        CHECK(rdma_accept(id, &cp) == 0);
+        rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000));
+        for (;;)
+            pause();
+    } else {
+        struct cm_offer o;
+        uint16_t port;
+        uint64_t t0;
+
+        full_io(false, &port, sizeof(port));
+        cm_dial(&s, ch, "127.0.0.1", port, "x");
+        ev = cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000);
+        memcpy(&o, ev->param.conn.private_data, sizeof(o));
+        rdma_ack_cm_event(ev);
+        usleep(50000); /* b is in pause() by now, or about to be */
+        t0 = now_ms();
+        CHECK(kill(o.pid, SIGKILL) == 0);
+        ev = cm_expect(ch, RDMA_CM_EVENT_DISCONNECTED, 5000);
+        CHECK(ev->id == s.id);
+        rdma_ack_cm_event(ev);
+        fprintf(stderr, "peer a: DISCONNECTED %llu ms after the kill\n",
+                (unsigned long long)(now_ms() - t0));
+        CHECK(rdma_disconnect(s.id) == 0);
+        cm_qp_free(&s);
+        CHECK(rdma_destroy_id(s.id) == 0);
+        rdma_destroy_event_channel(ch);
+    }
+    return 0;
+}
+
+/* WEFT_SOFTVERBS_FAULT=cm_reject=1@1 on b (WEFT_RANK=1): the device rejects
+ * the first request unseen; the second connects. */
+static int scn_cm_fault(void)
+{
+    struct rdma_event_channel *ch = cm_channel();
+    struct cm_side s = {0}, t = {0};
+    struct rdma_cm_event *ev;
+
+    if (!is_a()) {
+        struct rdma_cm_id *l = cm_listen(ch, "127.0.0.1", NULL), *id;
+
+        id = cm_request(ch, l, "second");
+        cm_qp(&s, id);
+        CHECK(rdma_accept(id, NULL) == 0);
+        rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000));
+        rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_DISCONNECTED, 10000));
+        cm_no_event(ch, 10);
+        cm_qp_free(&s);
+        CHECK(rdma_destroy_id(id) == 0);
+        CHECK(rdma_destroy_id(l) == 0);
+    } else {
+        uint16_t port;
+        const char *p;
+
+        full_io(false, &port, sizeof(port));
+        cm_dial(&s, ch, "127.0.0.1", port, "first");
+        ev = cm_expect(ch, RDMA_CM_EVENT_REJECTED, 10000);
+        p = ev->param.conn.private_data;
+        CHECK(ev->id == s.id && ev->status == 28 && ev->param.conn.private_data_len == 148);
+        for (int i = 0; i < 148; i++)
+            CHECK(p[i] == 0);
+        rdma_ack_cm_event(ev);
+        cm_dial(&t, ch, "127.0.0.1", port, "second");
+        ev = cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000);
+        CHECK(ev->id == t.id);
+        rdma_ack_cm_event(ev);
+        CHECK(rdma_disconnect(t.id) == 0);
+        rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_DISCONNECTED, 10000));
+        cm_qp_free(&t);
+        cm_qp_free(&s);
+        CHECK(rdma_destroy_id(t.id) == 0);
+        CHECK(rdma_destroy_id(s.id) == 0);
+    }
+    rdma_destroy_event_channel(ch);
+    return 0;
+}
+
+/* Each peer in its own network namespace with its own address on lo; the
+ * registry is the filesystem, so the listener's IP still reaches it. */
+static int scn_cm_netns(void)
+{
+    const char *mine = is_a() ? "10.77.0.1" : "10.77.0.2";
+    struct ifreq ifr;
+    struct sockaddr_in *sin = (struct sockaddr_in *)&ifr.ifr_addr;
+    int fd;
+
+    if (unshare(CLONE_NEWNET)) {
+        fprintf(stderr, "peer %s: unshare(CLONE_NEWNET): %s: skipped\n", role, strerror(errno));
+        return 77;
+    }
+    fd = socket(AF_INET, SOCK_DGRAM, 0);
+    CHECK(fd >= 0);
+    memset(&ifr, 0, sizeof(ifr));
+    snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "lo");
+    CHECK(ioctl(fd, SIOCGIFFLAGS, &ifr) == 0);
+    ifr.ifr_flags |= IFF_UP;
+    CHECK(ioctl(fd, SIOCSIFFLAGS, &ifr) == 0);
+    memset(&ifr, 0, sizeof(ifr));
+    snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "lo:1");
+    sin->sin_family = AF_INET;
+    CHECK(inet_pton(AF_INET, mine, &sin->sin_addr) == 1);
+    CHECK(ioctl(fd, SIOCSIFADDR, &ifr) == 0);
+    close(fd);
+    {
+        struct rdma_event_channel *ch = cm_channel();
+        struct cm_side s = {0};
+        struct rdma_cm_event *ev;
+        struct ibv_wc wc;
+
+        if (!is_a()) {
+            struct rdma_cm_id *l = cm_listen(ch, mine, NULL), *id;
+            struct cm_offer o;
+            struct rdma_conn_param cp = {.private_data = &o, .private_data_len = sizeof(o)};
+
+            id = cm_request(ch, l, "across");
+            CHECK(((struct sockaddr_in *)rdma_get_peer_addr(id))->sin_addr.s_addr ==
+                  inet_addr("10.77.0.1"));
+            cm_qp(&s, id);
+            post_recv(&(struct side){.qp = id->qp, .buf = s.buf, .mr = s.mr}, 3, 0, 0);
+            o.addr = (uintptr_t)s.buf;
+            o.rkey = s.mr->rkey;
+            CHECK(rdma_accept(id, &cp) == 0);
+            rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000));
+            wc = cm_wc(&s);
+            CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 3 && filled(s.buf, 4096, 5));
+            rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_DISCONNECTED, 10000));
+            cm_qp_free(&s);
+            CHECK(rdma_destroy_id(id) == 0);
+            CHECK(rdma_destroy_id(l) == 0);
+        } else {
+            struct cm_offer o;
+            uint16_t port;
+            struct ibv_sge sg;
+            struct ibv_send_wr wr = {0}, *bad;
+
+            full_io(false, &port, sizeof(port));
+            cm_dial(&s, ch, "10.77.0.2", port, "across");
+            CHECK(((struct sockaddr_in *)rdma_get_local_addr(s.id))->sin_addr.s_addr ==
+                  inet_addr(mine));
+            ev = cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000);
+            memcpy(&o, ev->param.conn.private_data, sizeof(o));
+            rdma_ack_cm_event(ev);
+            fill(s.buf, 4096, 5);
+            sg = (struct ibv_sge){(uintptr_t)s.buf, 4096, s.mr->lkey};
+            wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+            wr.send_flags = IBV_SEND_SIGNALED;
+            wr.sg_list = &sg;
+            wr.num_sge = 1;
+            wr.wr.rdma.remote_addr = o.addr;
+            wr.wr.rdma.rkey = o.rkey;
+            CHECK(ibv_post_send(s.id->qp, &wr, &bad) == 0);
+            wc = cm_wc(&s);
+            CHECK(wc.status == IBV_WC_SUCCESS);
+            CHECK(rdma_disconnect(s.id) == 0);
+            rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_DISCONNECTED, 10000));
+            cm_qp_free(&s);
+            CHECK(rdma_destroy_id(s.id) == 0);
+        }
+        rdma_destroy_event_channel(ch);
+    }
+    return 0;
+}
+
 static int peer_main(int argc, char **argv)
 {
     static const struct {
@@ -1021,7 +1583,9 @@ static int peer_main(int argc, char **argv)
         {"killed_inflight", scn_killed_inflight}, {"wrong_qpn", scn_wrong_qpn},
         {"channel", scn_channel}, {"fault_fail", scn_fault_fail},
         {"fault_delay", scn_fault_delay}, {"fault_kill_qp", scn_fault_kill_qp},
-        {"fault_port_down", scn_fault_port_down},
+        {"fault_port_down", scn_fault_port_down}, {"cm_basic", scn_cm_basic},
+        {"cm_connect", scn_cm_connect}, {"cm_reject", scn_cm_reject},
+        {"cm_killed", scn_cm_killed}, {"cm_fault", scn_cm_fault}, {"cm_netns", scn_cm_netns},
     };
 
     if (argc < 5)
@@ -1078,7 +1642,8 @@ static pid_t spawn(const char *scn, const char *r, int fd, const char *env)
     return pid;
 }
 
-/* b_sig: the signal b is expected to die of (0: exit 0). */
+/* b_sig: the signal b is expected to die of (0: exit 0).  A peer a that
+ * exits 77 lacks a privilege the scenario needs: the test is skipped. */
 static void run_pair(const char *scn, const char *env_a, const char *env_b, int b_sig)
 {
     int sv[2], st;
@@ -1090,6 +1655,11 @@ static void run_pair(const char *scn, const char *env_a, const char *env_b, int 
     close(sv[0]);
     close(sv[1]);
     cr_assert(waitpid(a, &st, 0) == a);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 77) {
+        kill(b, SIGKILL);
+        waitpid(b, &st, 0);
+        cr_skip_test("%s: needs a privilege this run lacks", scn);
+    }
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: peer a status 0x%x", scn, st);
     if (b_sig)
         kill(b, SIGKILL);
@@ -1118,6 +1688,7 @@ Test(softverbs, bad_fault_spec)
     run_one("badfault", "WEFT_SOFTVERBS_FAULT=delay=5,fail=x");
     run_one("badfault", "WEFT_SOFTVERBS_FAULT=frobnicate=1@0");
     run_one("badfault", "WEFT_SOFTVERBS_FAULT=fail=2:nope");
+    run_one("badfault", "WEFT_SOFTVERBS_FAULT=cm_reject=0");
 }
 Test(softverbs, no_fd_or_thread_leak) { run_one("fdleak", NULL); }
 Test(softverbs, write_lands_without_target) { run_pair("write", NULL, NULL, 0); }
@@ -1149,6 +1720,17 @@ Test(softverbs, fault_port_down)
 {
     run_pair("fault_port_down", "WEFT_SOFTVERBS_FAULT=port_down=300", NULL, 0);
 }
+
+Test(softverbs, cm_basics) { run_one("cm_basic", NULL); }
+Test(softverbs, cm_connect_write_disconnect) { run_pair("cm_connect", NULL, NULL, 0); }
+Test(softverbs, cm_reject_private_data) { run_pair("cm_reject", NULL, NULL, 0); }
+Test(softverbs, cm_peer_killed) { run_pair("cm_killed", NULL, NULL, SIGKILL); }
+Test(softverbs, cm_fault_reject)
+{
+    run_pair("cm_fault", "WEFT_RANK=0;WEFT_SOFTVERBS_FAULT=cm_reject=1@1",
+             "WEFT_RANK=1;WEFT_SOFTVERBS_FAULT=cm_reject=1@1", 0);
+}
+Test(softverbs, cm_across_netns) { run_pair("cm_netns", NULL, NULL, 0); }
 
 /* A peer is this binary re-executed with WEFT_SV_PEER="scenario role fd";
  * it runs before Criterion's main ever sees it. */

@@ -111,6 +111,12 @@ SV_EXPORT __be64 ibv_get_device_guid(struct ibv_device *device)
     return ((struct sv_device *)device)->guid;
 }
 
+/* librdmacm's ucma_init indexes the devices it lists. */
+SV_EXPORT int ibv_get_device_index(struct ibv_device *device)
+{
+    return ((struct sv_device *)device)->index;
+}
+
 SV_EXPORT int ibv_fork_init(void)
 {
     return 0;
@@ -197,6 +203,11 @@ static int sv_fault_item(char *item, struct sv_fault *f)
             return -1;
         if (mine)
             f->port_down_ms = v ? v : 1;
+    } else if (!strcmp(item, "cm_reject")) {
+        if (sv_u64_parse(eq + 1, &v) || v == 0)
+            return -1;
+        if (mine)
+            f->cm_reject_n = v;
     } else {
         return -1;
     }
@@ -221,7 +232,7 @@ static int sv_fault_parse(const char *spec, struct sv_fault *f)
         if (sv_fault_item(item, f)) {
             fprintf(stderr, "softverbs: bad WEFT_SOFTVERBS_FAULT item '%s' "
                     "(want fail=N[:retry_exc|rem_access|rnr_retry_exc|loc_prot], "
-                    "delay=US, kill_qp=N, port_down=MS, each optionally @RANK)\n", shown);
+                    "delay=US, kill_qp=N, port_down=MS, cm_reject=N, each optionally @RANK)\n", shown);
             ret = EINVAL;
             break;
         }
@@ -1040,6 +1051,20 @@ SV_EXPORT int ibv_init_ah_from_wc(struct ibv_context *c, uint8_t port, struct ib
     (void)c, (void)port, (void)wc, (void)grh, (void)ah;
     errno = EOPNOTSUPP;
     return -1;
+}
+
+/* librdmacm's own rdma_create_qp_ex asks; "not supported" is what it
+ * tolerates. */
+SV_EXPORT int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece)
+{
+    (void)qp, (void)ece;
+    return EOPNOTSUPP;
+}
+
+SV_EXPORT int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece)
+{
+    (void)qp, (void)ece;
+    return EOPNOTSUPP;
 }
 
 SV_EXPORT int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid)

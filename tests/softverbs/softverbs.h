@@ -1,7 +1,8 @@
 /* softverbs.h - internal state of the software RC verbs device used by the
  * tests.  softverbs.c owns devices, contexts, PDs, MRs, CQs, completion
  * channels and async events; sv_qp.c owns QPs and their queues; sv_wire.c
- * owns the per-context service thread and the protocol between processes. */
+ * owns the per-context service thread and the protocol between processes;
+ * sv_cm.c emulates librdmacm's connection manager on top of them. */
 #ifndef WEFT_SOFTVERBS_H
 #define WEFT_SOFTVERBS_H
 
@@ -33,6 +34,7 @@ struct sv_fault {
     uint64_t delay_us;
     uint64_t kill_qp_n;
     uint64_t port_down_ms; /* 0: never */
+    uint64_t cm_reject_n;  /* sv_cm.c: the N-th CONNECT_REQUEST is rejected */
 };
 
 struct sv_event {
