@@ -814,10 +814,23 @@ Test(verbs, rhd_3, .timeout = 300) { run_verbs(3, NULL, "rhd", WEFT_ALGO_RHD); }
 Test(verbs, direct_4, .timeout = 300) { run_verbs(4, NULL, "direct", WEFT_ALGO_DIRECT); }
 Test(verbs, hier_2_hosts_of_2, .timeout = 300) { run_verbs(4, "2", "hier", WEFT_ALGO_HIER); }
 Test(verbs, auto_2_hosts_of_2, .timeout = 300) { run_verbs(4, "2", NULL, -1); }
-Test(verbs, qps_2_chunk_4k_regcache, .timeout = 300)
+/* The device emulates librdmacm too, so the tests above connect through
+ * it (WEFT_IB_CM=auto); these two join queue pairs by hand over tcp. */
+Test(verbs, oob_direct_5, .timeout = 300)
+{
+    setenv("WEFT_IB_CM", "oob", 1);
+    run_verbs(5, NULL, "direct", WEFT_ALGO_DIRECT);
+}
+Test(verbs, oob_auto_2_hosts_of_2, .timeout = 300)
+{
+    setenv("WEFT_IB_CM", "oob", 1);
+    run_verbs(4, "2", NULL, -1);
+}
+Test(verbs, qps_2_chunk_4k_regcache_rdmacm, .timeout = 300)
 {
     setenv("WEFT_IB_QPS_PER_CONNECTION", "2", 1);
     setenv("WEFT_IB_REGCACHE", "1", 1);
+    setenv("WEFT_IB_CM", "rdmacm", 1);
     setenv("WEFT_CHUNK_SIZE", "4096", 1);
     run_verbs(3, NULL, "ring", WEFT_ALGO_RING);
 }

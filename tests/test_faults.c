@@ -342,6 +342,9 @@ static void run_inject(const char *spec)
     setenv("WEFT_TRANSPORT", "verbs", 1);
     setenv("WEFT_IB_TIMEOUT", "14", 1);
     setenv("WEFT_SOFTVERBS_FAULT", spec, 1);
+    /* Connections are made by the first collective, not by init's
+     * calibration: the faults land in the loop the ranks report from. */
+    setenv("WEFT_CALIBRATE", "0", 1);
     setenv("WEFT_DEBUG", "NONE", 1);
     struct weft_test_job job;
     mark_fault();
@@ -378,6 +381,8 @@ Test(faults, inject_failed_completion_verbs, .timeout = 60) { run_inject("fail=3
 Test(faults, inject_access_error_verbs, .timeout = 60) { run_inject("fail=300:rem_access"); }
 Test(faults, inject_killed_qp_verbs, .timeout = 60) { run_inject("kill_qp=300"); }
 Test(faults, inject_port_down_verbs, .timeout = 60) { run_inject("port_down=1500"); }
+/* The connection manager refuses a connection request (rdma_cm path). */
+Test(faults, inject_cm_reject_verbs, .timeout = 60) { run_inject("cm_reject=1"); }
 
 /* ---- shrink after a failure -------------------------------------------------------------- */
 

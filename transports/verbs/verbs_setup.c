@@ -300,6 +300,15 @@ static void oob_received(struct vb_conn *c, weft_status_t st, size_t n)
                      c->peer);
         return;
     }
+    const uint8_t *first = c->phase == VB_PH_INFO    ? (const uint8_t *)&c->theirs
+                           : c->phase == VB_PH_READY ? (const uint8_t *)&c->ready_in
+                                                     : &c->watch_byte;
+    if (n == 1 && *first == VB_FAILED_BYTE) {
+        vb_conn_fail(c, WEFT_ERR_REMOTE,
+                     "rank %d: rank %d failed its verbs connection to this rank (its error says why)",
+                     ctx->rank, c->peer);
+        return;
+    }
     switch (c->phase) {
     case VB_PH_INFO:
         if (c->state == VB_IDLE && vb_conn_start(c) != WEFT_OK)
@@ -341,13 +350,6 @@ static void oob_received(struct vb_conn *c, weft_status_t st, size_t n)
                              "rank %d: rank %d left while requests toward it were pending",
                              ctx->rank, c->peer);
             c->peer_gone = true;
-            return;
-        }
-        if (n == 1 && c->watch_byte == VB_FAILED_BYTE) {
-            vb_conn_fail(c, WEFT_ERR_REMOTE,
-                         "rank %d: rank %d failed its verbs connection to this rank (its error "
-                         "says why)",
-                         ctx->rank, c->peer);
             return;
         }
         vb_conn_fail(c, WEFT_ERR_REMOTE,
