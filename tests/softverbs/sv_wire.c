@@ -145,6 +145,8 @@ static void sock_close(struct sv_context *ctx, struct sv_sock *s)
         out_lost(ctx, s->qp, s);
 }
 
+static void on_readable(struct sv_context *ctx, struct sv_sock *s);
+
 static void sock_flush(struct sv_context *ctx, struct sv_sock *s)
 {
     struct sv_buf *b = &s->out;
@@ -158,6 +160,11 @@ static void sock_flush(struct sv_context *ctx, struct sv_sock *s)
             break;
         if (n <= 0) {
             b->off = b->len = 0;
+            /* The peer closed: what it answered before that (an ACK, the
+             * NAK it closed for) is still in our receive buffer and
+             * completes our requests first, as the wire would. */
+            if (s->kind == SV_SOCK_OUT)
+                on_readable(ctx, s);
             sock_close(ctx, s);
             return;
         }
