@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "config.h" /* HAVE_RDMACM */
 #include "auth.h"
 #include "bootstrap.h"
 #include "comm.h"
@@ -568,4 +569,134 @@ Test(security, strangers_at_shrink_listener, .timeout = 120)
     quiet_logs();
     cr_assert_eq(weft_test_run(B_RANKS, 100, shrink_hammered_body, NULL), 0,
                  "a shrink failed while a stranger hammered its listener (see the rank messages)");
+}
+
+/* ---- (e) strangers at a rank's rdma_cm listener ---------------------------------- */
+#ifdef HAVE_RDMACM
+#include <rdma/rdma_cma.h>
+
+#include "transports/transport.h"
+#include "transports/verbs/verbs.h"
+
+#define CM_CNT 4096
+
+/* One connection request to 127.0.0.1:port carrying priv; the event it
+ * ends in (REJECTED expected), or -1 when it got nowhere. */
+static int cm_attempt(uint16_t port, const void *priv, size_t len)
+{
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    struct rdma_cm_id *id = NULL;
+    struct rdma_cm_event *ev;
+    int result = -1;
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = port};
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (ch == NULL || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) != 0 ||
+        rdma_resolve_addr(id, NULL, (struct sockaddr *)&to, 2000) != 0)
+        goto out;
+    for (int step = 0; step < 3; step++) {
+        if (rdma_get_cm_event(ch, &ev) != 0)
+            goto out;
+        enum rdma_cm_event_type t = ev->event;
+        rdma_ack_cm_event(ev);
+        if (t == RDMA_CM_EVENT_ADDR_RESOLVED) {
+            if (rdma_resolve_route(id, 2000) != 0)
+                goto out;
+        } else if (t == RDMA_CM_EVENT_ROUTE_RESOLVED) {
+            struct ibv_qp_init_attr ia = {.cap = {.max_send_wr = 4, .max_recv_wr = 4,
+                                                  .max_send_sge = 1, .max_recv_sge = 1},
+                                          .qp_type = IBV_QPT_RC};
+            struct rdma_conn_param cp = {.private_data = priv, .private_data_len = (uint8_t)len,
+                                         .retry_count = 1, .rnr_retry_count = 1};
+            if (rdma_create_qp(id, NULL, &ia) != 0 || rdma_connect(id, &cp) != 0)
+                goto out;
+        } else {
+            result = t;
+            break;
+        }
+    }
+out:
+    if (id && id->qp)
+        rdma_destroy_qp(id);
+    if (id)
+        rdma_destroy_id(id);
+    if (ch)
+        rdma_destroy_event_channel(ch);
+    return result;
+}
+
+/* Rank 1's listener port, from its verbs context (rank 1 only). */
+static uint32_t cm_port_of(weft_comm_t comm)
+{
+    for (int i = 0; i < comm->ntp; i++)
+        if (comm->tp[i].ops == &weft_verbs_ops)
+            return ((struct vb_ctx *)comm->tp[i].ctx)->cm_port;
+    return 0;
+}
+
+/* Rank 0 plays the stranger against rank 1 between exact allreduces:
+ * garbage, weft's magic with a made-up proof, a rank that does not call
+ * rank 1 and a queue pair out of range.  Every request must end in
+ * REJECTED, and the job must go on unharmed. */
+static int cm_body(weft_comm_t comm, int rank, int p, void *arg)
+{
+    (void)arg;
+    static int32_t x[CM_CNT], y[CM_CNT];
+    int fails = 0;
+    uint32_t port = rank == 1 ? cm_port_of(comm) : 0;
+    WT_CHECK_OK(rank, comm, "port broadcast", weft_broadcast(&port, &port, 1, WEFT_UINT32, 1, comm));
+    if (port == 0)
+        return weft_test_fail(rank, "rank 1 has no rdma_cm listener (is the device preloaded?)");
+    struct vb_cm_req fake = {htole32(VB_CM_MAGIC), 0, 0, {0}};
+    weft_random_bytes(fake.proof, sizeof(fake.proof));
+    struct vb_cm_req far = fake, badq = fake;
+    far.rank = htole32(7);
+    badq.qp = htole32(3);
+    const struct {
+        const char *what;
+        const void *priv;
+        size_t len;
+    } tries[] = {{"garbage", "\x01\x02\x03\x04\x05\x06\x07\x08", 8},
+                 {"a made-up proof", &fake, sizeof(fake)},
+                 {"a rank past the job", &far, sizeof(far)},
+                 {"a queue pair past the connection", &badq, sizeof(badq)}};
+    for (int it = 0; it < 12; it++) {
+        if (rank == 0 && it % 3 == 0) {
+            int k = it / 3;
+            int ev = cm_attempt((uint16_t)port, tries[k].priv, tries[k].len);
+            if (ev != RDMA_CM_EVENT_REJECTED)
+                fails += weft_test_fail(rank, "a stranger's request with %s ended in %s, not "
+                                              "REJECTED",
+                                        tries[k].what, ev < 0 ? "nothing" : rdma_event_str(ev));
+        }
+        for (int i = 0; i < CM_CNT; i++)
+            x[i] = (rank + 1) * (i - it);
+        WT_CHECK_OK(rank, comm, "allreduce beside the strangers",
+                    weft_allreduce(x, y, CM_CNT, WEFT_INT32, WEFT_SUM, comm));
+        for (int i = 0; i < CM_CNT; i++)
+            if (y[i] != p * (p + 1) / 2 * (i - it)) {
+                fails += weft_test_fail(rank, "allreduce %d [%d]: expected %d, got %d", it, i,
+                                        p * (p + 1) / 2 * (i - it), y[i]);
+                break;
+            }
+    }
+    WT_CHECK_OK(rank, comm, "weft_comm_get_error", weft_comm_get_error(comm));
+    return fails ? 1 : 0;
+}
+#endif
+
+/* Over verbs on the software verbs device, which emulates librdmacm
+ * (tests/verbs.sh preloads it); skipped otherwise. */
+Test(security, strangers_at_rdma_cm_listener_verbs, .timeout = 60)
+{
+#ifdef HAVE_RDMACM
+    if (!getenv("WEFT_TEST_SOFTVERBS"))
+        cr_skip_test("needs the software verbs device preloaded (tests/verbs.sh)");
+    quiet_logs();
+    setenv("WEFT_TRANSPORT", "verbs", 1);
+    setenv("WEFT_IB_CM", "rdmacm", 1);
+    cr_assert_eq(weft_test_run(3, 50, cm_body, NULL), 0,
+                 "the job failed while a stranger called rank 1's rdma_cm listener");
+#else
+    cr_skip_test("built without librdmacm");
+#endif
 }

@@ -39,5 +39,6 @@ for tool in sendrecv all_reduce all_gather; do
     fi
 done
 "$build/test_faults" --jobs 1 --filter 'faults/*verbs' || rc=1
+"$build/test_security" --jobs 1 --filter 'security/*verbs' || rc=1
 "$build/test_cluster" --jobs 1 --filter 'cluster/*verbs*' || rc=1
 exit $rc
