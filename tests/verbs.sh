@@ -3,6 +3,7 @@
 # (tests/softverbs): the collective matrix with every algorithm family and
 # the fault tests, with the device preloaded in front of the real
 # libibverbs.  Also checks that the library users get links libibverbs
+# (and librdmacm)
 # and not the software device.  Run from the build folder (make check
 # does); skips (77) when configure did not build the transport.
 build=$PWD
@@ -17,10 +18,13 @@ if [ -f "$lib" ]; then
     if ! ldd "$lib" | grep -q 'libibverbs\.so'; then
         echo "verbs.sh: FAIL: $lib does not link libibverbs"; rc=1
     fi
+    if grep -q '^#define HAVE_RDMACM 1' "$build/config.h" && ! ldd "$lib" | grep -q 'librdmacm\.so'; then
+        echo "verbs.sh: FAIL: $lib does not link librdmacm"; rc=1
+    fi
     if ldd "$lib" | grep -q softverbs || nm -D --defined-only "$lib" | grep -q ' ibv_'; then
         echo "verbs.sh: FAIL: $lib carries the software device or defines ibv_ entry points"; rc=1
     fi
-    echo "verbs.sh: $lib links $(ldd "$lib" | grep -o 'libibverbs[^ ]*' | head -1) and no software device"
+    echo "verbs.sh: $lib links $(ldd "$lib" | grep -o 'lib\(ibverbs\|rdmacm\)\.so[^ ]*' | sort -u | tr '\n' ' ')and no software device"
 fi
 # A sanitizer build loads its runtime first; the device comes after it.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
