@@ -3,8 +3,7 @@
 # (tests/softverbs): the collective matrix with every algorithm family and
 # the fault tests, with the device preloaded in front of the real
 # libibverbs.  Also checks that the library users get links libibverbs
-# (and librdmacm)
-# and not the software device.  Run from the build folder (make check
+# (and librdmacm) and not the software device.  Run from the build folder (make check
 # does); skips (77) when configure did not build the transport.
 build=$PWD
 sv="$build/libweft-softverbs.so"
