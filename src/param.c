@@ -44,7 +44,7 @@ static const struct weft_param_desc table[] = {
     {"WEFT_IB_RETRY_CNT", "int", "7", "QP retransmissions before a send fails (0-7)", "NCCL_IB_RETRY_CNT"},
     {"WEFT_IB_QPS_PER_CONNECTION", "int", "1", "queue pairs per connection; messages are split over them", "NCCL_IB_QPS_PER_CONNECTION"},
     {"WEFT_IB_CM", "str", "auto",
-     "queue pair setup: oob (an exchange over the peers' authenticated tcp connection) and auto (the same); rdmacm is refused: weft has no librdmacm path yet", NULL},
+     "queue pair setup: auto (librdmacm where it serves the bootstrap's address, else oob), rdmacm (librdmacm or fail), oob (by hand, over the peers' authenticated tcp connection)", NULL},
     {"WEFT_IB_REGCACHE", "int", "0",
      "1: register any user buffer once and keep it (zero-copy; the program must not unmap memory weft has seen while the communicator lives); 0: user memory goes through registered bounce buffers (a copy each way)", NULL},
     {"WEFT_IB_SYSFS", "str", "/sys", "sysfs root the verbs transport reads GID types from (tests point it at fixtures)", NULL},
