@@ -23,11 +23,6 @@ enum { WR_SEND = 0, WR_RECV = 1, WR_FIFO = 2 };
 #define WR_PTR(id) ((void *)(uintptr_t)((id) & ~(uint64_t)63))
 #define VB_SIGNAL_EVERY 16
 
-const char *vb_wc_str(enum ibv_wc_status s)
-{
-    return ibv_wc_status_str(s);
-}
-
 /* ---- requests ------------------------------------------------------------- */
 
 static struct vb_req *req_get(struct vb_ctx *ctx)
@@ -359,7 +354,7 @@ static void wc_fail(struct vb_conn *c, const struct ibv_wc *wc, const char *what
     weft_status_t st = wc->status == IBV_WC_WR_FLUSH_ERR && c->err != WEFT_OK ? c->err
                        : WEFT_ERR_REMOTE;
     vb_conn_fail(c, st, "rank %d: %s port %d: %s toward rank %d failed: %s (status %d, vendor error 0x%x)",
-                 ctx->rank, ctx->devname, ctx->port, what, c->peer, vb_wc_str(wc->status),
+                 ctx->rank, ctx->devname, ctx->port, what, c->peer, ibv_wc_status_str(wc->status),
                  (int)wc->status, wc->vendor_err);
 }
 

@@ -257,7 +257,6 @@ struct vb_ctx {
     int stopfd;                     /* eventfd: ends the waker */
     void (*wake_fn)(void *);
     void *wake_arg;
-    bool armed;
 };
 
 /* ---- verbs.c ------------------------------------------------------------------ */
@@ -266,8 +265,6 @@ void vb_conn_fail(struct vb_conn *c, weft_status_t st, const char *fmt, ...) WEF
 void vb_work_add(struct vb_conn *c) WEFT_HIDDEN;
 /* Posts n receives (no buffer: writes with immediate carry their own). */
 weft_status_t vb_post_recv(struct vb_qp *q, int n) WEFT_HIDDEN;
-/* The one-line name of a completion status, for messages. */
-const char *vb_wc_str(enum ibv_wc_status s) WEFT_HIDDEN;
 
 /* ---- verbs_setup.c ------------------------------------------------------------ */
 /* Creates c's queue pairs (INIT, receives posted) and sends our info. */
@@ -292,7 +289,7 @@ weft_status_t vb_qp_prepare(struct vb_conn *c, struct vb_qp *q) WEFT_HIDDEN;
 /* The init attributes of every queue pair of ctx. */
 void vb_qp_init_attr(struct vb_ctx *ctx, struct vb_qp *q, struct ibv_qp_init_attr *ia) WEFT_HIDDEN;
 
-/* ---- verbs_cm.c: rdma_cm (stubs that say "no" without librdmacm) ---------------- */
+/* ---- verbs_cm.c: rdma_cm (built without librdmacm, vb_cm_open says no) ------------ */
 /* WEFT_IB_CM=auto: binds a listener to local's address; true when rdma_cm
  * works there and its device passes the filter (ctx->dev is then its
  * context, borrowed). */
