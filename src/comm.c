@@ -241,6 +241,7 @@ static void comm_free(struct weft_comm *comm)
     free(comm->cpu_group);
     free(comm->group_cores);
     weft_engine_destroy(comm->eng);
+    weft_tune_cache_free(&comm->tune);
     while (comm->regs) { /* the transports below release what they hold */
         struct weft_reg *r = comm->regs;
         comm->regs = r->next;

@@ -17,6 +17,7 @@
 
 #include "engine_impl.h"
 #include "reduce.h"
+#include "tune.h"
 #include "transports/transport.h"
 
 /* Moves queued ops to the active list (driver only). */
@@ -41,6 +42,15 @@ static void activate(struct weft_engine *eng)
 
 static void finish(struct weft_engine *eng, struct weft_op *op, weft_status_t st)
 {
+    if (op->kind == OP_USER && st == WEFT_OK) {
+        /* A trial's time: from when it started, or from when the op before
+         * it finished if that was later (ops in flight together share the
+         * links; each is charged what it added). */
+        uint64_t now = weft_now_ns();
+        if (op->trial >= 0)
+            op->tm->t[op->trial] = (double)(now - WEFT_MAX(op->t0, eng->last_finish_ns)) * 1e-9;
+        eng->last_finish_ns = now;
+    }
     if (op->scratch)
         op->scratch->busy = false;
     op->scratch = NULL;
@@ -52,11 +62,17 @@ static void finish(struct weft_engine *eng, struct weft_op *op, weft_status_t st
     pthread_mutex_unlock(&eng->mu);
 }
 
-/* Finishes a retired or failed check op: nobody waits for it. */
-static void finish_check(struct weft_engine *eng, struct weft_op *op, weft_status_t st)
+/* Finishes a retired or failed op of the engine's own (a check or tune
+ * op): nobody waits for it. */
+static void finish_internal(struct weft_engine *eng, struct weft_op *op, weft_status_t st)
 {
     finish(eng, op, st);
     weft_engine_reap(eng, op);
+}
+
+static void finish_any(struct weft_engine *eng, struct weft_op *op, weft_status_t st)
+{
+    (op->kind == OP_USER ? finish : finish_internal)(eng, op, st);
 }
 
 /* Fails every active and queued op; the comm keeps the sticky error. */
@@ -66,7 +82,7 @@ static void fail_all(struct weft_engine *eng, weft_status_t st)
     weft_comm_tell_peers(eng->comm);
     for (struct weft_op *op = eng->active, *next; op; op = next) {
         next = op->next;
-        (op->kind == OP_CHECK ? finish_check : finish)(eng, op, st);
+        finish_any(eng, op, st);
     }
     eng->active = eng->active_tail = NULL;
     eng->nactive = 0;
@@ -82,7 +98,7 @@ static void fail_all(struct weft_engine *eng, weft_status_t st)
         pthread_mutex_unlock(&eng->mu);
         if (!op)
             break;
-        (op->kind == OP_CHECK ? finish_check : finish)(eng, op, st);
+        finish_any(eng, op, st);
     }
 }
 
@@ -119,6 +135,7 @@ static weft_status_t start_op(struct weft_engine *eng, struct weft_op *op)
     WEFT_CHECK(weft_engine_scratch_acquire(eng, op));
     op->bufs[WEFT_BUF_SCRATCH] = op->scratch ? op->scratch->p : NULL;
     op->started = true;
+    op->t0 = weft_now_ns();
     return WEFT_OK;
 }
 
@@ -210,10 +227,11 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
     uint32_t gen = ++eng->gen;
     int budget = SCAN_BUDGET;
     for (struct weft_op *op = eng->active; op && budget > 0; op = op->next) {
-        /* A collective whose fingerprints have not agreed yet moves nothing,
-         * and ops after it wait too: posting theirs first would break each
-         * peer's message order. */
-        if (op->gated)
+        /* A collective whose fingerprints have not agreed yet, or that is
+         * not started (waiting for a measurement), moves nothing, and ops
+         * after it wait too: posting theirs first would break each peer's
+         * message order. */
+        if (op->gated || !op->started)
             break;
         const struct weft_step *steps = op->s->steps;
         size_t n = op->s->nsteps;
@@ -306,6 +324,9 @@ static const char *coll_label(const struct weft_op *op, char *buf, size_t len)
     if (op->kind == OP_CHECK)
         snprintf(buf, len, "the fingerprint exchange (WEFT_CHECK) before %s #%llu",
                  weft_coll_name(op->a.coll), (unsigned long long)op->seq);
+    else if (op->kind == OP_TUNE)
+        snprintf(buf, len, "the trial-time exchange (WEFT_TUNE_TRIALS) before %s #%llu",
+                 weft_coll_name(op->tm->coll), (unsigned long long)op->seq);
     else
         snprintf(buf, len, "%s #%llu (count %zu, %s)", weft_coll_name(op->a.coll),
                  (unsigned long long)op->seq, op->a.count, weft_dtype_name(op->a.dtype));
@@ -395,9 +416,25 @@ static weft_status_t drive_once(struct weft_engine *eng, bool *changed)
 {
     struct weft_comm *comm = eng->comm;
     activate(eng);
-    for (struct weft_op *op = eng->active; op; op = op->next)
-        if (!op->started)
-            WEFT_CHECK(start_op(eng, op));
+    for (struct weft_op *op = eng->active; op; op = op->next) {
+        if (op->started)
+            continue;
+        /* Started in order; what follows an op that may not start yet
+         * waits (post_ready stops there anyway). */
+        if (op->pending) {
+            if (!atomic_load(&op->tm->decided))
+                break;
+            WEFT_CHECK(weft_engine_op_plan(eng, op));
+        }
+        if (op->kind == OP_TUNE) {
+            /* Our times are final once every op before it has retired. */
+            if (op != eng->active)
+                break;
+            memcpy(op->times + op->a.count * (size_t)comm->rank, op->tm->t,
+                   op->a.count * sizeof(double));
+        }
+        WEFT_CHECK(start_op(eng, op));
+    }
     WEFT_CHECK(post_ready(eng, changed));
     if (eng->active)
         WEFT_CHECK(weft_comm_progress(comm, 0));
@@ -412,13 +449,15 @@ static weft_status_t drive_once(struct weft_engine *eng, bool *changed)
         }
     }
     /* Retire finished ops; completion is reported in issue order. */
-    while (eng->active && eng->active->ndone == eng->active->s->nsteps) {
+    while (eng->active && eng->active->started && eng->active->ndone == eng->active->s->nsteps) {
         struct weft_op *op = eng->active;
+        if (op->kind == OP_TUNE)
+            weft_tune_record(comm, op->tm, op->times);
         eng->active = op->next;
         if (!eng->active)
             eng->active_tail = NULL;
         eng->nactive--;
-        (op->kind == OP_CHECK ? finish_check : finish)(eng, op, WEFT_OK);
+        finish_any(eng, op, WEFT_OK);
         *changed = true;
     }
     return WEFT_OK;
@@ -537,7 +576,13 @@ void weft_engine_submit(struct weft_comm *comm, struct weft_op *op, bool backgro
     pthread_mutex_lock(&eng->mu);
     op->seq = eng->next_seq++;
     eng->stats.ops++;
-    struct weft_op *pre = op->pre;
+    struct weft_op *tune = op->tune_pre, *pre = op->pre;
+    if (tune) {
+        /* The trial-time exchange first: the engine owns it from here. */
+        op->tune_pre = NULL;
+        tune->seq = op->seq;
+        enqueue(eng, tune);
+    }
     if (pre) {
         /* The exchange goes first, under the same number; the engine owns
          * it from here. */

@@ -30,10 +30,13 @@ struct sched_entry {
     bool valid;
 };
 
-/* What an op is: a caller's operation, or (WEFT_CHECK=1) the fingerprint
- * exchange the engine runs before a caller's collective.  A check op has no
- * waiter: the engine frees it when it retires or fails. */
-enum op_kind { OP_USER = 0, OP_CHECK };
+/* What an op is: a caller's operation, (WEFT_CHECK=1) the fingerprint
+ * exchange the engine runs before a caller's collective, or the exchange
+ * of trial times that ends a measurement (tune.h).  The last two have no
+ * waiter: the engine frees them when they retire or fail. */
+enum op_kind { OP_USER = 0, OP_CHECK, OP_TUNE };
+
+struct weft_tune_measure;
 
 /* A posted send to our own rank, waiting for our matching receive. */
 struct self_send {
@@ -84,6 +87,17 @@ struct weft_op {
     weft_status_t status;
     bool done;                   /* guarded by eng->mu */
     bool started;                /* the driver has set it up */
+    uint64_t t0;                 /* ns when it started */
+
+    /* Measured selection (tune.h): a trial records its time in tm->t; a
+     * pending op has no schedule (s == NULL) until tm is decided; a tune
+     * op (OP_TUNE) allgathers tm's times. */
+    struct weft_tune_measure *tm;
+    int trial;                   /* >= 0: this op is that trial of tm */
+    bool pending;
+    struct weft_op *tune_pre;    /* user op from op_new to submit: its tune op */
+    double *times;               /* tune op: (cap_times) every rank's trial times */
+    size_t cap_times;
 
     /* WEFT_CHECK=1 only. */
     uint8_t kind;                /* enum op_kind */
@@ -125,6 +139,7 @@ struct weft_engine {
     int spin_us;
     bool yield;                      /* spin with sched_yield: more ranks than cores */
     uint64_t last_event_ns;
+    uint64_t last_finish_ns;         /* when the last user op finished */
     struct self_send *selfq;         /* sends to ourselves not yet received */
     size_t selfq_head, selfq_n, selfq_cap;
 
@@ -144,6 +159,9 @@ struct weft_engine {
 
 /* Returns a finished op to the free list; its status. */
 weft_status_t weft_engine_reap(struct weft_engine *eng, struct weft_op *op) WEFT_HIDDEN;
+/* Builds the schedule of a pending op whose measurement has decided
+ * (driver only). */
+weft_status_t weft_engine_op_plan(struct weft_engine *eng, struct weft_op *op) WEFT_HIDDEN;
 /* Gives op a scratch buffer of its schedule's size (driver only). */
 weft_status_t weft_engine_scratch_acquire(struct weft_engine *eng, struct weft_op *op) WEFT_HIDDEN;
 

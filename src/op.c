@@ -82,6 +82,9 @@ static void op_release(struct weft_op *op)
 {
     if (op->pre)
         op_release(op->pre);
+    if (op->tune_pre)
+        op_release(op->tune_pre);
+    free(op->times);
     free(op->fps);
     free(op->st);
     free(op->treq);
@@ -236,7 +239,30 @@ static struct weft_op *op_get(struct weft_comm *comm, const struct weft_op_args 
     op->kind = OP_USER;
     op->gated = op->verified = false;
     op->pre = op->target = NULL;
+    op->s = NULL;
+    op->tm = NULL;
+    op->trial = -1;
+    op->pending = false;
+    op->tune_pre = NULL;
     return op;
+}
+
+/* An op of the engine's own (kind) that runs before op, freed with it;
+ * NULL when out of memory (what names the op in the error). */
+static struct weft_op *pre_op_get(struct weft_comm *comm, struct weft_op *op,
+                                  const struct weft_op_args *a, uint8_t kind, const char *what)
+{
+    struct weft_op *p = op_get(comm, a);
+    if (p == NULL) {
+        weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate %s", what);
+        return NULL;
+    }
+    p->kind = kind;
+    if (kind == OP_CHECK)
+        op->pre = p;
+    else
+        op->tune_pre = p;
+    return p;
 }
 
 /* Gives the collective op (whose schedule was built from d) the check op
@@ -247,12 +273,10 @@ static weft_status_t check_op_new(struct weft_comm *comm, struct weft_op *op,
     struct weft_engine *eng = comm->eng;
     struct weft_op_args ca = {.coll = op->a.coll, .count = sizeof(struct weft_fingerprint),
                               .dtype = WEFT_UINT8, .op = WEFT_SUM};
-    struct weft_op *c = op_get(comm, &ca);
+    struct weft_op *c = pre_op_get(comm, op, &ca, OP_CHECK, "a fingerprint exchange");
     if (c == NULL)
-        return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate a fingerprint exchange");
-    c->kind = OP_CHECK;
+        return WEFT_ERR_NO_MEMORY;
     c->target = op;
-    op->pre = c; /* from here on freed with op */
     if (c->fps == NULL) {
         c->fps = calloc((size_t)comm->nranks, sizeof(*c->fps));
         if (c->fps == NULL)
@@ -268,6 +292,65 @@ static weft_status_t check_op_new(struct weft_comm *comm, struct weft_op *op,
     c->a.sendbuf = &c->fps[comm->rank];
     c->a.recvbuf = c->fps;
     return WEFT_OK;
+}
+
+/* The description of collective op's schedule under plan (algo, variant). */
+static void coll_desc(const struct weft_comm *comm, const struct weft_op *op, int algo,
+                      int variant, struct weft_coll_desc *d)
+{
+    *d = (struct weft_coll_desc){
+        .coll = op->a.coll, .rank = comm->rank, .nranks = comm->nranks,
+        .root = op->a.root, .count = op->a.count,
+        .chunk = WEFT_MAX(comm->eng->chunk_bytes / op->esize, 1),
+        .algo = algo, .variant = variant,
+    };
+    if (algo == WEFT_ALGO_HIER) {
+        d->node = comm->topo.host;
+        d->nnodes = comm->topo.nhosts;
+    }
+}
+
+/* Gives op the schedule d describes, and step state for it. */
+static weft_status_t op_set_sched(struct weft_engine *eng, struct weft_op *op,
+                                  const struct weft_coll_desc *d)
+{
+    pthread_mutex_lock(&eng->mu);
+    weft_status_t st = sched_get(eng, d, &op->ent);
+    pthread_mutex_unlock(&eng->mu);
+    WEFT_CHECK(st);
+    op->s = &op->ent->s;
+    WEFT_CHECK(op_reserve(op, op->s->nsteps));
+    if (op->s->nsteps > 0)
+        memset(op->st, ST_PENDING, op->s->nsteps);
+    return WEFT_OK;
+}
+
+/* Gives the user op (the call that ends m's trials) the tune op that
+ * allgathers every rank's trial times; the engine fills ours in once every
+ * trial has finished. */
+static weft_status_t tune_op_new(struct weft_comm *comm, struct weft_op *op,
+                                 struct weft_tune_measure *m)
+{
+    size_t trials = (size_t)(m->ncand * m->reps), need = trials * (size_t)comm->nranks;
+    struct weft_op_args ta = {.coll = WEFT_COLL_ALLGATHER, .count = trials,
+                              .dtype = WEFT_FLOAT64, .op = WEFT_SUM};
+    struct weft_op *t = pre_op_get(comm, op, &ta, OP_TUNE, "a trial-time exchange");
+    if (t == NULL)
+        return WEFT_ERR_NO_MEMORY;
+    t->tm = m;
+    if (t->cap_times < need) {
+        free(t->times);
+        t->cap_times = 0;
+        t->times = calloc(need, sizeof(double));
+        if (t->times == NULL)
+            return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate %zu trial times", need);
+        t->cap_times = need;
+    }
+    t->a.sendbuf = t->times + (size_t)comm->rank * trials;
+    t->a.recvbuf = t->times;
+    struct weft_coll_desc d;
+    coll_desc(comm, t, WEFT_ALGO_RING, 0, &d);
+    return op_set_sched(comm->eng, t, &d);
 }
 
 weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_args *args,
@@ -296,12 +379,12 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
                 st = weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate a schedule");
         }
         op->s = &op->own;
+        if (st == WEFT_OK)
+            st = op_reserve(op, op->s->nsteps);
+        if (st == WEFT_OK && op->s->nsteps > 0)
+            memset(op->st, ST_PENDING, op->s->nsteps);
     } else {
-        struct weft_coll_desc d = {
-            .coll = args->coll, .rank = comm->rank, .nranks = comm->nranks,
-            .root = args->root, .count = args->count,
-            .chunk = WEFT_MAX(eng->chunk_bytes / esize, 1),
-        };
+        struct weft_coll_desc d;
         if (atomic_load(&comm->deterministic) && weft_coll_reduces(args->coll)) {
             /* One fixed combining order: the ordered chain, whatever was allowed. */
             static _Atomic int told;
@@ -310,35 +393,40 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
                 WEFT_INFO(WEFT_SUB_COLL, "deterministic mode: %s runs the ordered chain (ring), "
                           "not what WEFT_ALGO=%s allows", weft_coll_name(args->coll),
                           weft_param_str("WEFT_ALGO"));
-            d.algo = WEFT_ALGO_RING;
-            d.variant = 0;
+            coll_desc(comm, op, WEFT_ALGO_RING, 0, &d);
             d.ordered = 1;
+            st = op_set_sched(eng, op, &d);
         } else {
-            struct weft_plan pl = weft_tune_pick(comm, args->coll, args->count, esize);
-            d.algo = pl.algo;
-            d.variant = pl.variant;
-            if (d.algo == WEFT_ALGO_HIER) {
-                d.node = comm->topo.host;
-                d.nnodes = comm->topo.nhosts;
-            }
+            struct weft_tune_ticket tk;
+            struct weft_plan pl = weft_tune_pick(comm, args->coll, args->count, esize, &tk);
+            op->tm = tk.m;
+            op->trial = tk.trial;
+            op->pending = tk.pending;
+            /* A pending op's fingerprint names no plan: every rank waits
+             * for the same decision at the same call. */
+            coll_desc(comm, op, tk.pending ? WEFT_ALGO_COUNT : pl.algo, pl.variant, &d);
+            if (tk.decide)
+                st = tune_op_new(comm, op, tk.m);
+            if (st == WEFT_OK && !tk.pending)
+                st = op_set_sched(eng, op, &d);
         }
-        pthread_mutex_lock(&eng->mu);
-        st = sched_get(eng, &d, &op->ent);
-        pthread_mutex_unlock(&eng->mu);
-        if (st == WEFT_OK)
-            op->s = &op->ent->s;
         if (st == WEFT_OK && eng->check)
             st = check_op_new(comm, op, &d);
     }
-    if (st == WEFT_OK)
-        st = op_reserve(op, op->s->nsteps);
     if (st != WEFT_OK) {
         weft_engine_op_free(comm, op);
         return st;
     }
-    if (op->s->nsteps > 0)
-        memset(op->st, ST_PENDING, op->s->nsteps);
     *out = op;
+    return WEFT_OK;
+}
+
+weft_status_t weft_engine_op_plan(struct weft_engine *eng, struct weft_op *op)
+{
+    struct weft_coll_desc d;
+    coll_desc(eng->comm, op, op->tm->plan.algo, op->tm->plan.variant, &d);
+    WEFT_CHECK(op_set_sched(eng, op, &d));
+    op->pending = false;
     return WEFT_OK;
 }
 
@@ -350,10 +438,12 @@ void weft_engine_op_discard(struct weft_op *op)
 void weft_engine_op_free(struct weft_comm *comm, struct weft_op *op)
 {
     struct weft_engine *eng = comm->eng;
-    struct weft_op *pre = op->pre;
-    op->pre = NULL;
+    struct weft_op *pre = op->pre, *tune_pre = op->tune_pre;
+    op->pre = op->tune_pre = NULL;
     if (pre)
         weft_engine_op_free(comm, pre);
+    if (tune_pre)
+        weft_engine_op_free(comm, tune_pre);
     sched_put(eng, op);
     pthread_mutex_lock(&eng->mu);
     op->next = eng->free_ops;

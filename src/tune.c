@@ -8,6 +8,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -182,45 +183,80 @@ static double predict(const struct weft_tune_in *in, struct weft_plan pl, int co
     return t;
 }
 
-static struct weft_plan best_of(const struct weft_tune_in *in, unsigned mask, int coll,
-                                size_t bytes, size_t esize, double *seconds)
+/* Every plan of mask that builds coll, best predicted first (ties keep
+ * the family order: the ring first); how many. */
+static int ranked(const struct weft_tune_in *in, unsigned mask, int coll, size_t bytes,
+                  size_t esize, struct weft_plan *plans, double *secs)
 {
-    struct weft_plan best = {-1, 0};
-    double tbest = INFINITY;
+    int n = 0;
     for (int a = 0; a < WEFT_ALGO_COUNT; a++)
         for (int v = 0; v < WEFT_VAR_COUNT; v++) {
             if (!(mask & WEFT_PLAN_BIT(a, v)) || !weft_algo_serves(a, v, coll))
                 continue;
             struct weft_plan pl = {a, v};
             double t = predict(in, pl, coll, bytes, esize);
-            /* Ties go to the earlier family: the ring first. */
-            if (best.algo < 0 || t < tbest) {
-                best = pl;
-                tbest = t;
+            int i = n++;
+            for (; i > 0 && t < secs[i - 1]; i--) {
+                plans[i] = plans[i - 1];
+                secs[i] = secs[i - 1];
             }
+            plans[i] = pl;
+            secs[i] = t;
         }
-    if (seconds)
-        *seconds = tbest;
-    return best;
+    return n;
+}
+
+/* Ranked plans for the call, from the automatic choice when mask builds
+ * none (*fell_back). */
+static int candidates(const struct weft_tune_in *in, int coll, size_t bytes, size_t esize,
+                      struct weft_plan *plans, double *secs, bool *fell_back)
+{
+    *fell_back = false;
+    int n = ranked(in, in->mask, coll, bytes, esize, plans, secs);
+    if (n == 0) {
+        *fell_back = true;
+        n = ranked(in, WEFT_PLAN_ALL, coll, bytes, esize, plans, secs);
+    }
+    return n;
 }
 
 struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_t bytes,
                                   size_t esize, double *seconds, bool *fell_back)
 {
     const struct weft_plan ring = {WEFT_ALGO_RING, 0};
+    struct weft_plan plans[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
+    double secs[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
+    bool fb = false;
+    int n = in->nranks < 2 || esize == 0 ? 0 : candidates(in, coll, bytes, esize, plans, secs, &fb);
     if (fell_back)
-        *fell_back = false;
+        *fell_back = fb;
     if (seconds)
-        *seconds = 0;
-    if (in->nranks < 2 || esize == 0)
-        return ring;
-    struct weft_plan pl = best_of(in, in->mask, coll, bytes, esize, seconds);
-    if (pl.algo < 0) {
-        if (fell_back)
-            *fell_back = true;
-        pl = best_of(in, WEFT_PLAN_ALL, coll, bytes, esize, seconds);
+        *seconds = n > 0 ? secs[0] : 0;
+    return n > 0 ? plans[0] : ring;
+}
+
+int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int nranks,
+                     double *per_cand)
+{
+    int trials = m->ncand * m->reps, best = 0;
+    double tbest = INFINITY;
+    for (int c = 0; c < m->ncand; c++) {
+        double tc = INFINITY;
+        for (int r = 0; r < m->reps; r++) {
+            int i = r * m->ncand + c; /* call i ran candidate i mod ncand */
+            double sum = 0;
+            for (int k = 0; k < nranks; k++)
+                sum += all[(size_t)k * (size_t)trials + (size_t)i];
+            tc = fmin(tc, sum / nranks);
+        }
+        if (per_cand)
+            per_cand[c] = tc;
+        if (tc < tbest) {
+            tbest = tc;
+            best = c;
+        }
     }
-    return pl.algo < 0 ? ring : pl;
+    return best;
 }
 
 static int esize_index(size_t esize)
@@ -228,31 +264,166 @@ static int esize_index(size_t esize)
     return esize >= 8 ? 3 : esize >= 4 ? 2 : esize >= 2 ? 1 : 0;
 }
 
-struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, size_t esize)
+static void cache_store(struct weft_tune_cache *c, int coll, int e, int cls, struct weft_plan pl)
 {
-    struct weft_tune_cache *c = &comm->tune;
-    size_t bytes = count > SIZE_MAX / (esize ? esize : 1) ? SIZE_MAX : count * esize;
-    int cls = weft_tune_class(bytes), e = esize_index(esize);
-    int32_t hit = atomic_load_explicit(&c->plan[coll][e][cls], memory_order_relaxed);
-    if (hit & 0x10000)
-        return (struct weft_plan){hit & 0xff, (hit >> 8) & 0xff};
-    struct weft_tune_in in = {
+    atomic_store_explicit(&c->plan[coll][e][cls], 0x10000 | pl.variant << 8 | pl.algo,
+                          memory_order_release);
+}
+
+/* How many of the ranked plans get timed: 0 when measuring is off. */
+static int measured(const double *secs, int n)
+{
+    int64_t most = weft_param_int("WEFT_TUNE_CANDIDATES");
+    int k = 0;
+    if (weft_param_int("WEFT_TUNE_TRIALS") <= 0)
+        return 0;
+    while (k < n && k < WEFT_MIN(most, WEFT_TUNE_MAX_CANDS) && isfinite(secs[k]) &&
+           secs[k] <= WEFT_TUNE_SPREAD * secs[0])
+        k++;
+    return k;
+}
+
+/* A new measurement of the class over plans[0..n), or NULL (fewer than two
+ * candidates, measuring off, no memory: the prediction stands). */
+static struct weft_tune_measure *measure_new(int coll, int e, int cls,
+                                             const struct weft_plan *plans, const double *secs,
+                                             int n)
+{
+    int64_t reps = weft_param_int("WEFT_TUNE_TRIALS");
+    int k = measured(secs, n);
+    if (k < 2)
+        return NULL;
+    struct weft_tune_measure *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return NULL;
+    m->coll = coll;
+    m->esize_idx = e;
+    m->cls = cls;
+    m->bytes = weft_tune_class_bytes(cls);
+    m->ncand = k;
+    m->reps = (int)WEFT_MIN(reps, WEFT_TUNE_MAX_REPS);
+    for (int i = 0; i < k; i++) {
+        m->cand[i] = plans[i];
+        m->predicted[i] = secs[i];
+    }
+    return m;
+}
+
+static struct weft_tune_in tune_in(struct weft_comm *comm, int coll)
+{
+    return (struct weft_tune_in){
         .nranks = comm->nranks, .links = &comm->topo, .chunk_bytes = comm->eng->chunk_bytes,
         .gamma = WEFT_TUNE_GAMMA, .mask = comm->algos[coll], .cpu_group = comm->cpu_group,
         .group_cores = comm->group_cores,
     };
+}
+
+int weft_tune_plans(struct weft_comm *comm, int coll, size_t count, size_t esize,
+                    struct weft_plan *plans)
+{
+    struct weft_tune_in in = tune_in(comm, coll);
+    double secs[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
+    size_t bytes = count > SIZE_MAX / (esize ? esize : 1) ? SIZE_MAX : count * esize;
+    size_t cb = weft_tune_class_bytes(weft_tune_class(bytes));
     bool fell_back;
-    double t;
+    int n = comm->nranks < 2 || esize == 0
+                ? 0
+                : candidates(&in, coll, cb, esize, plans, secs, &fell_back);
+    if (n == 0) {
+        plans[0] = (struct weft_plan){WEFT_ALGO_RING, 0};
+        return 1;
+    }
+    int k = cb > 0 ? measured(secs, n) : 0;
+    return k >= 2 ? k : 1;
+}
+
+struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, size_t esize,
+                                struct weft_tune_ticket *tk)
+{
+    struct weft_tune_cache *c = &comm->tune;
+    size_t bytes = count > SIZE_MAX / (esize ? esize : 1) ? SIZE_MAX : count * esize;
+    int cls = weft_tune_class(bytes), e = esize_index(esize);
+    *tk = (struct weft_tune_ticket){.trial = -1};
+    int32_t hit = atomic_load_explicit(&c->plan[coll][e][cls], memory_order_acquire);
+    if (hit & 0x10000)
+        return (struct weft_plan){hit & 0xff, (hit >> 8) & 0xff};
+
+    struct weft_engine *eng = comm->eng;
+    pthread_mutex_lock(&eng->mu);
+    struct weft_tune_measure *m = c->measure[coll][e][cls];
+    if (m) {
+        /* Being measured: the next trial, the call that decides, or one
+         * that waits for the decision. */
+        tk->m = m;
+        struct weft_plan pl = m->cand[0];
+        int trials = m->ncand * m->reps, i = m->issued++;
+        if (atomic_load(&m->decided))
+            pl = m->plan, tk->m = NULL;
+        else if (i < trials)
+            pl = m->cand[i % m->ncand], tk->trial = i;
+        else
+            tk->pending = true, tk->decide = i == trials;
+        pthread_mutex_unlock(&eng->mu);
+        return pl;
+    }
+    pthread_mutex_unlock(&eng->mu);
+
+    struct weft_tune_in in = tune_in(comm, coll);
+    struct weft_plan plans[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
+    double secs[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
     size_t cb = weft_tune_class_bytes(cls);
-    struct weft_plan pl = weft_tune_select(&in, coll, cb ? cb : 0, esize, &t, &fell_back);
+    bool fell_back = false;
+    int n = comm->nranks < 2 || esize == 0
+                ? 0
+                : candidates(&in, coll, cb, esize, plans, secs, &fell_back);
+    struct weft_plan pl = n > 0 ? plans[0] : (struct weft_plan){WEFT_ALGO_RING, 0};
     char name[32];
     if (fell_back && !atomic_exchange(&c->warned[coll], 1))
         WEFT_INFO(WEFT_SUB_COLL, "WEFT_ALGO allows no algorithm that runs %s: %s chosen "
                   "automatically", weft_coll_name(coll), weft_plan_name(pl, name, sizeof(name)));
-    WEFT_INFO(WEFT_SUB_COLL, "%s of ~%zu bytes on %d ranks: %s (predicted %.1f us)",
-              weft_coll_name(coll), cb, comm->nranks, weft_plan_name(pl, name, sizeof(name)),
-              t * 1e6);
-    atomic_store_explicit(&c->plan[coll][e][cls], 0x10000 | pl.variant << 8 | pl.algo,
-                          memory_order_relaxed);
-    return pl;
+    m = cb > 0 ? measure_new(coll, e, cls, plans, secs, n) : NULL;
+    if (m == NULL) {
+        WEFT_INFO(WEFT_SUB_COLL, "%s of ~%zu bytes on %d ranks: %s (predicted %.1f us)",
+                  weft_coll_name(coll), cb, comm->nranks, weft_plan_name(pl, name, sizeof(name)),
+                  n > 0 ? secs[0] * 1e6 : 0.0);
+        cache_store(c, coll, e, cls, pl);
+        return pl;
+    }
+    WEFT_INFO(WEFT_SUB_COLL, "%s of ~%zu bytes on %d ranks: timing the %d best predicted "
+              "plans, %d calls each (WEFT_TUNE_TRIALS)", weft_coll_name(coll), cb,
+              comm->nranks, m->ncand, m->reps);
+    pthread_mutex_lock(&eng->mu);
+    if (c->measure[coll][e][cls] == NULL)
+        c->measure[coll][e][cls] = m;
+    else
+        free(m); /* another thread's call got here first: join its count */
+    pthread_mutex_unlock(&eng->mu);
+    return weft_tune_pick(comm, coll, count, esize, tk);
+}
+
+void weft_tune_record(struct weft_comm *comm, struct weft_tune_measure *m, const double *all)
+{
+    double tc[WEFT_TUNE_MAX_CANDS];
+    int w = weft_tune_decide(m, all, comm->nranks, tc);
+    char line[256], name[32];
+    size_t o = 0;
+    for (int c = 0; c < m->ncand && o < sizeof(line); c++)
+        o += (size_t)snprintf(line + o, sizeof(line) - o, "%s%s %.1f", c ? ", " : "",
+                              weft_plan_name(m->cand[c], name, sizeof(name)), tc[c] * 1e6);
+    m->plan = m->cand[w];
+    cache_store(&comm->tune, m->coll, m->esize_idx, m->cls, m->plan);
+    atomic_store(&m->decided, 1);
+    WEFT_INFO(WEFT_SUB_COLL, "%s of ~%zu bytes on %d ranks: %s (predicted %.1f us; measured "
+              "us: %s)", weft_coll_name(m->coll), m->bytes, comm->nranks,
+              weft_plan_name(m->plan, name, sizeof(name)), m->predicted[w] * 1e6, line);
+}
+
+void weft_tune_cache_free(struct weft_tune_cache *c)
+{
+    for (int k = 0; k < WEFT_COLL_COUNT; k++)
+        for (int e = 0; e < 4; e++)
+            for (int cls = 0; cls < WEFT_TUNE_CLASSES; cls++) {
+                free(c->measure[k][e][cls]);
+                c->measure[k][e][cls] = NULL;
+            }
 }

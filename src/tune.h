@@ -61,14 +61,62 @@ struct weft_tune_in {
 struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_t bytes,
                                   size_t esize, double *seconds, bool *fell_back) WEFT_HIDDEN;
 
-/* Per-communicator cache of selections, lock-free: entries are written
- * whole (algo | variant << 8 | valid bit) and computing one twice is
- * harmless, as both computations give the same plan. */
+/*
+ * Measured refinement (WEFT_TUNE_TRIALS > 0).  The model ranks the plans;
+ * those predicted within WEFT_TUNE_SPREAD of the best (at most
+ * WEFT_TUNE_CANDIDATES) are then timed on the caller's own first calls of
+ * the size class: call i runs candidate i mod ncand, for ncand * reps
+ * calls.  Every rank numbers its calls of a class alike (collectives are
+ * called in one order everywhere), so every rank runs the same plan.  The
+ * next call carries an exchange of every rank's times (an allgather the
+ * engine runs before it, once every trial has finished), and from its
+ * result every rank computes the same winner; that call and the ones
+ * queued behind it wait for it.
+ */
+#define WEFT_TUNE_MAX_CANDS 4
+#define WEFT_TUNE_MAX_REPS 4
+#define WEFT_TUNE_SPREAD 4.0 /* candidates: predicted at most this x the best */
+
+/* One size class being measured.  Owner: the communicator's tune cache;
+ * `issued` is guarded by the engine's mutex, `t` written by the driver as
+ * trials finish, `plan` final once `decided` is set. */
+struct weft_tune_measure {
+    int coll, esize_idx, cls;                /* where it is in the cache */
+    size_t bytes;                            /* the class's bytes */
+    int ncand, reps;                         /* trials = ncand * reps */
+    struct weft_plan cand[WEFT_TUNE_MAX_CANDS]; /* best predicted first */
+    double predicted[WEFT_TUNE_MAX_CANDS];   /* seconds */
+    int issued;                              /* calls of the class planned so far */
+    double t[WEFT_TUNE_MAX_CANDS * WEFT_TUNE_MAX_REPS]; /* this rank's seconds per trial */
+    _Atomic int decided;
+    struct weft_plan plan;
+};
+
+/* How one call takes part in the measurement of its class. */
+struct weft_tune_ticket {
+    struct weft_tune_measure *m; /* NULL: the plan returned is final */
+    int trial;                   /* >= 0: this call is that trial of m */
+    bool decide;                 /* this call carries the exchange of m's times */
+    bool pending;                /* the plan is m's, once decided */
+};
+
+/* The winner of m given every rank's trial times (nranks rows of ncand *
+ * reps seconds, the layout of m->t): a trial's time is its mean over ranks,
+ * a candidate's the least of its trials (per_cand, may be NULL, gets them);
+ * ties go to the better prediction.  Pure, so every rank computes the same. */
+int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int nranks,
+                     double *per_cand) WEFT_HIDDEN;
+
+/* Per-communicator cache of selections, lock-free on a hit: entries are
+ * written whole (algo | variant << 8 | valid bit).  Classes being measured
+ * have a weft_tune_measure until the communicator is freed. */
 #define WEFT_TUNE_CLASSES 96 /* size classes: two per power of two, 0 B .. 2^47 B */
 struct weft_tune_cache {
     _Atomic int32_t plan[WEFT_COLL_COUNT][4][WEFT_TUNE_CLASSES];
     _Atomic int warned[WEFT_COLL_COUNT];
+    struct weft_tune_measure *measure[WEFT_COLL_COUNT][4][WEFT_TUNE_CLASSES];
 };
+void weft_tune_cache_free(struct weft_tune_cache *c) WEFT_HIDDEN;
 
 /* The size class of a byte count, and the byte count that stands for it. */
 int weft_tune_class(size_t bytes) WEFT_HIDDEN;
@@ -77,8 +125,20 @@ size_t weft_tune_class_bytes(int cls) WEFT_HIDDEN;
 struct weft_comm;
 /* The plan for one call on comm (cached; the first call of a class runs the
  * simulator).  A forced algorithm that cannot build coll falls back to the
- * automatic choice and says so once per collective at INFO. */
-struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, size_t esize)
+ * automatic choice and says so once per collective at INFO.  *tk says how
+ * the call takes part in a measurement; with tk->pending the plan returned
+ * is not the one to run (weft_tune_decided gives it later).  Called with
+ * the engine's mutex not held. */
+struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, size_t esize,
+                                struct weft_tune_ticket *tk) WEFT_HIDDEN;
+/* The plans a call of coll could run on comm, best predicted first: those
+ * its size class is measured over, or the one predicted; how many (room
+ * for WEFT_ALGO_COUNT * WEFT_VAR_COUNT).  Changes nothing. */
+int weft_tune_plans(struct weft_comm *comm, int coll, size_t count, size_t esize,
+                    struct weft_plan *plans) WEFT_HIDDEN;
+/* Records m's winner from every rank's times (driver only; see
+ * weft_tune_decide); later picks of the class get it straight away. */
+void weft_tune_record(struct weft_comm *comm, struct weft_tune_measure *m, const double *all)
     WEFT_HIDDEN;
 
 #endif /* WEFT_TUNE_H */

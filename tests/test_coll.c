@@ -611,20 +611,26 @@ static int check_algo(struct tc *c, const struct job *jb)
     static const size_t sizes[] = {0, 4, 8 * LARGE, (size_t)1 << 30};
     for (size_t i = 0; i < WEFT_ARRAY_SIZE(sizes); i++) {
         for (int coll = 0; coll < WEFT_COLL_SEND; coll++) {
-            struct weft_plan got = weft_tune_pick(c->comm, coll, sizes[i] / 4, 4);
+            /* Every plan the call may run: measured ones included. */
+            struct weft_plan plans[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
+            int n = weft_tune_plans(c->comm, coll, sizes[i] / 4, 4, plans);
             bool any = false;
             for (int a = 0; a < WEFT_ALGO_COUNT; a++)
                 for (int v = 0; v < WEFT_VAR_COUNT; v++)
                     any |= (want[coll] & WEFT_PLAN_BIT(a, v)) && weft_algo_serves(a, v, coll);
-            char name[32];
-            weft_plan_name(got, name, sizeof(name));
-            if (!weft_algo_serves(got.algo, got.variant, coll))
-                return weft_test_fail(c->rank, "WEFT_ALGO=%s: a %s of %zu bytes gets %s, which "
-                                      "cannot run it", seen, weft_coll_name(coll), sizes[i], name);
-            if (any && !(want[coll] & WEFT_PLAN_BIT(got.algo, got.variant)))
-                return weft_test_fail(c->rank, "WEFT_ALGO=%s: a %s of %zu bytes runs %s, which "
-                                      "it does not allow", seen, weft_coll_name(coll), sizes[i],
-                                      name);
+            for (int k = 0; k < n; k++) {
+                struct weft_plan got = plans[k];
+                char name[32];
+                weft_plan_name(got, name, sizeof(name));
+                if (!weft_algo_serves(got.algo, got.variant, coll))
+                    return weft_test_fail(c->rank, "WEFT_ALGO=%s: a %s of %zu bytes gets %s, "
+                                          "which cannot run it", seen, weft_coll_name(coll),
+                                          sizes[i], name);
+                if (any && !(want[coll] & WEFT_PLAN_BIT(got.algo, got.variant)))
+                    return weft_test_fail(c->rank, "WEFT_ALGO=%s: a %s of %zu bytes runs %s, "
+                                          "which it does not allow", seen,
+                                          weft_coll_name(coll), sizes[i], name);
+            }
         }
     }
     return 0;

@@ -132,3 +132,48 @@ Test(classes, two_per_octave_and_monotonic)
     }
     cr_expect_eq(weft_tune_class(SIZE_MAX), WEFT_TUNE_CLASSES - 1);
 }
+
+/* ---- measured selection: the verdict ------------------------------------------- */
+
+static struct weft_tune_measure three_by_two(void)
+{
+    struct weft_tune_measure m = {.ncand = 3, .reps = 2};
+    for (int c = 0; c < 3; c++)
+        m.cand[c] = (struct weft_plan){c, 0};
+    return m;
+}
+
+Test(decide, mean_over_ranks_then_least_over_trials)
+{
+    struct weft_tune_measure m = three_by_two();
+    /* Two ranks; call i ran candidate i mod 3.  Candidate 1's first trial
+     * was disturbed on rank 0 (90): its second one counts.  Means per
+     * trial: c0 {10, 10}, c1 {50, 8}, c2 {9, 12}. */
+    const double all[2][6] = {{10, 90, 8, 10, 7, 12}, {10, 10, 10, 10, 9, 12}};
+    double per[WEFT_TUNE_MAX_CANDS];
+    cr_expect_eq(weft_tune_decide(&m, &all[0][0], 2, per), 1);
+    cr_expect_float_eq(per[0], 10.0, 1e-12);
+    cr_expect_float_eq(per[1], 8.0, 1e-12);
+    cr_expect_float_eq(per[2], 9.0, 1e-12);
+    /* Every rank computes the same from the same rows. */
+    for (int i = 0; i < 5; i++)
+        cr_expect_eq(weft_tune_decide(&m, &all[0][0], 2, NULL), 1);
+}
+
+Test(decide, ties_go_to_the_better_prediction)
+{
+    struct weft_tune_measure m = three_by_two();
+    const double all[6] = {5, 5, 5, 5, 5, 5};
+    cr_expect_eq(weft_tune_decide(&m, all, 1, NULL), 0);
+    const double later[6] = {6, 5, 5, 6, 5, 5}; /* c1 and c2 tie: c1 */
+    cr_expect_eq(weft_tune_decide(&m, later, 1, NULL), 1);
+}
+
+Test(decide, a_nan_trial_never_wins)
+{
+    struct weft_tune_measure m = three_by_two();
+    const double all[6] = {NAN, 7, 9, NAN, 8, 9};
+    cr_expect_eq(weft_tune_decide(&m, all, 1, NULL), 1);
+    const double none[6] = {NAN, NAN, NAN, NAN, NAN, NAN};
+    cr_expect_eq(weft_tune_decide(&m, none, 1, NULL), 0);
+}

@@ -1,0 +1,234 @@
+/*
+ * test_tune_measure.c - measured selection in real jobs: the first calls of
+ * a size class time the candidate plans, every rank settles on the same
+ * one, and no call is lost or wrong on the way, whether the calls block,
+ * are in flight together, sit in a group or go through WEFT_CHECK; a rank
+ * that dies mid-measurement fails the others instead of hanging them.
+ */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "comm.h"
+#include "harness.h"
+#include "tune.h"
+
+#define CALLS 14 /* more than the most trials (4 candidates x 2) and the exchange */
+#define TIMEOUT_S 120
+
+enum mode { BLOCKING, BURST, GROUP };
+
+static const size_t counts[] = {2, 16384, 262144}; /* floats: 8 B, 64 KiB, 1 MiB */
+
+/* Call k's input on rank r: small integers, so any order of sums is exact. */
+static float input(int r, int k, size_t j)
+{
+    return (float)(r + k + (int)(j % 7));
+}
+
+static int check_sum(int rank, int p, int k, size_t count, const float *got)
+{
+    for (size_t j = 0; j < count; j++) {
+        float want = (float)(p * (p - 1) / 2 + p * (k + (int)(j % 7)));
+        if (got[j] != want)
+            return weft_test_fail(rank, "call %d of %zu floats: [%zu] = %g, want %g", k, count, j,
+                                  (double)got[j], (double)want);
+    }
+    return 0;
+}
+
+/* CALLS allreduces of count floats, run the way mode says, each checked;
+ * in a burst an allgather of 3 ints rides along every call (another
+ * class, measured at the same time). */
+static int run_calls(weft_comm_t comm, int rank, int p, enum mode mode, size_t count)
+{
+    float *s = malloc(CALLS * count * sizeof(float)), *r = malloc(CALLS * count * sizeof(float));
+    int *gs = malloc(CALLS * 3 * sizeof(int)), *gr = malloc(CALLS * 3 * (size_t)p * sizeof(int));
+    weft_request_t req[2 * CALLS];
+    int fails = 0;
+    if (!s || !r || !gs || !gr) {
+        fails = weft_test_fail(rank, "out of memory");
+        goto out;
+    }
+    for (int k = 0; k < CALLS; k++)
+        for (size_t j = 0; j < count; j++)
+            s[k * count + j] = input(rank, k, j);
+    if (mode == GROUP)
+        WT_CHECK_OK(rank, comm, "group start", weft_group_start());
+    for (int k = 0; k < CALLS && !fails; k++) {
+        float *sk = s + k * count, *rk = r + k * count;
+        /* Every third call in place. */
+        const float *src = k % 3 == 2 ? rk : sk;
+        if (src == rk)
+            memcpy(rk, sk, count * sizeof(float));
+        switch (mode) {
+        case BLOCKING:
+        case GROUP:
+            WT_CHECK_OK(rank, comm, "allreduce",
+                        weft_allreduce(src, rk, count, WEFT_FLOAT32, WEFT_SUM, comm));
+            if (mode == BLOCKING)
+                fails += check_sum(rank, p, k, count, rk);
+            break;
+        case BURST:
+            for (int i = 0; i < 3; i++)
+                gs[3 * k + i] = rank * 10 + k + i;
+            WT_CHECK_OK(rank, comm, "iallreduce",
+                        weft_iallreduce(src, rk, count, WEFT_FLOAT32, WEFT_SUM, comm, &req[2 * k]));
+            WT_CHECK_OK(rank, comm, "iallgather",
+                        weft_iallgather(gs + 3 * k, gr + 3 * k * p, 3, WEFT_INT32, comm,
+                                        &req[2 * k + 1]));
+            break;
+        }
+    }
+    if (mode == GROUP)
+        WT_CHECK_OK(rank, comm, "group end", weft_group_end());
+    if (mode == BURST)
+        for (int k = 0; k < 2 * CALLS; k++)
+            WT_CHECK_OK(rank, comm, "wait", weft_wait(req[k]));
+    for (int k = 0; mode != BLOCKING && k < CALLS && !fails; k++) {
+        fails += check_sum(rank, p, k, count, r + k * count);
+        for (int q = 0; mode == BURST && q < p && !fails; q++)
+            for (int i = 0; i < 3; i++)
+                if (gr[3 * k * p + 3 * q + i] != q * 10 + k + i)
+                    fails += weft_test_fail(rank, "allgather %d: block of rank %d wrong", k, q);
+    }
+out:
+    free(s);
+    free(r);
+    free(gs);
+    free(gr);
+    return fails;
+}
+
+/* The class of count floats has settled, on the same plan on every rank,
+ * one of those it may run; measured when there was a choice. */
+static int check_settled(weft_comm_t comm, int rank, int p, int coll, size_t count, size_t esize)
+{
+    int cls = weft_tune_class(count * esize), e = esize == 4 ? 2 : 3;
+    int32_t mine = atomic_load(&comm->tune.plan[coll][e][cls]);
+    if (!(mine & 0x10000))
+        return weft_test_fail(rank, "%s of %zu elements: no plan settled", weft_coll_name(coll),
+                              count);
+    struct weft_plan plans[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
+    int n = weft_tune_plans(comm, coll, count, esize, plans), k = 0;
+    while (k < n && !(plans[k].algo == (mine & 0xff) && plans[k].variant == ((mine >> 8) & 0xff)))
+        k++;
+    if (k == n)
+        return weft_test_fail(rank, "%s of %zu elements settled on plan 0x%x, not a candidate",
+                              weft_coll_name(coll), count, (unsigned)mine);
+    struct weft_tune_measure *m = comm->tune.measure[coll][e][cls];
+    if (n >= 2 && (m == NULL || !atomic_load(&m->decided) || m->issued < m->ncand * m->reps))
+        return weft_test_fail(rank, "%s of %zu elements: %d candidates but no finished "
+                              "measurement", weft_coll_name(coll), count, n);
+    int32_t *all = calloc((size_t)p, sizeof(int32_t));
+    if (all == NULL)
+        return weft_test_fail(rank, "out of memory");
+    weft_status_t st = weft_allgather(&mine, all, 1, WEFT_INT32, comm);
+    int fails = weft_test_expect_status(rank, comm, "allgather of the plans", st, WEFT_OK);
+    for (int q = 0; q < p && !fails; q++)
+        if (all[q] != mine)
+            fails = weft_test_fail(rank, "%s of %zu elements: rank %d settled on 0x%x, rank %d "
+                                   "on 0x%x", weft_coll_name(coll), count, q, (unsigned)all[q],
+                                   rank, (unsigned)mine);
+    free(all);
+    return fails;
+}
+
+static int settle_body(weft_comm_t comm, int rank, int p, void *arg)
+{
+    enum mode mode = *(enum mode *)arg;
+    for (size_t i = 0; i < WEFT_ARRAY_SIZE(counts); i++) {
+        if (run_calls(comm, rank, p, mode, counts[i]))
+            return 1;
+        if (check_settled(comm, rank, p, WEFT_COLL_ALLREDUCE, counts[i], 4))
+            return 1;
+    }
+    if (mode == BURST && check_settled(comm, rank, p, WEFT_COLL_ALLGATHER, 3, 4))
+        return 1;
+    return 0;
+}
+
+static void settle(int p, enum mode mode, const char *transport, const char *check)
+{
+    setenv("WEFT_TIMEOUT_MS", "30000", 1);
+    setenv("WEFT_TUNE_TRIALS", "2", 1);
+    if (transport)
+        setenv("WEFT_TRANSPORT", transport, 1);
+    if (check) {
+        setenv("WEFT_CHECK", check, 1);
+        setenv("WEFT_DEBUG", "NONE", 1);
+    }
+    cr_assert_eq(weft_test_run(p, TIMEOUT_S, settle_body, &mode), 0,
+                 "see the rank messages above");
+}
+
+Test(measure, blocking_3, .timeout = TIMEOUT_S) { settle(3, BLOCKING, NULL, NULL); }
+Test(measure, in_flight_together_5, .timeout = TIMEOUT_S) { settle(5, BURST, NULL, NULL); }
+Test(measure, in_a_group_4, .timeout = TIMEOUT_S) { settle(4, GROUP, NULL, NULL); }
+Test(measure, with_fingerprints_4, .timeout = TIMEOUT_S) { settle(4, BURST, NULL, "1"); }
+Test(measure, over_tcp_3, .timeout = TIMEOUT_S) { settle(3, BLOCKING, "tcp", NULL); }
+
+/* WEFT_TUNE_TRIALS=0: the model's plan at once, nothing measured. */
+static int off_body(weft_comm_t comm, int rank, int p, void *arg)
+{
+    (void)arg;
+    for (size_t i = 0; i < WEFT_ARRAY_SIZE(counts); i++) {
+        if (run_calls(comm, rank, p, BLOCKING, 3) || run_calls(comm, rank, p, BLOCKING, counts[i]))
+            return 1;
+        int cls = weft_tune_class(counts[i] * 4);
+        struct weft_plan plans[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
+        int n = weft_tune_plans(comm, WEFT_COLL_ALLREDUCE, counts[i], 4, plans);
+        int32_t got = atomic_load(&comm->tune.plan[WEFT_COLL_ALLREDUCE][2][cls]);
+        if (n != 1 || comm->tune.measure[WEFT_COLL_ALLREDUCE][2][cls] != NULL ||
+            got != (0x10000 | plans[0].variant << 8 | plans[0].algo))
+            return weft_test_fail(rank, "%zu floats: %d candidates, plan 0x%x, measured %s",
+                                  counts[i], n, (unsigned)got,
+                                  comm->tune.measure[WEFT_COLL_ALLREDUCE][2][cls] ? "yes" : "no");
+    }
+    return 0;
+}
+
+Test(measure, zero_trials_is_the_model_alone, .timeout = TIMEOUT_S)
+{
+    setenv("WEFT_TUNE_TRIALS", "0", 1);
+    cr_assert_eq(weft_test_run(3, TIMEOUT_S, off_body, NULL), 0, "see the rank messages above");
+}
+
+/* The last rank leaves after two trials; the others queue every call of
+ * the class, the exchange among them, and must see each fail. */
+static int death_body(weft_comm_t comm, int rank, int p, void *arg)
+{
+    (void)arg;
+    const size_t count = 4096;
+    float *s = calloc(count, sizeof(float)), *r = calloc(CALLS * count, sizeof(float));
+    weft_request_t req[CALLS];
+    if (!s || !r)
+        return weft_test_fail(rank, "out of memory");
+    for (int k = 0; k < 2; k++)
+        WT_CHECK_OK(rank, comm, "trial", weft_allreduce(s, r, count, WEFT_FLOAT32, WEFT_SUM, comm));
+    if (rank == p - 1)
+        _exit(0); /* no goodbye: as if killed */
+    int failed = 0;
+    for (int k = 0; k < CALLS; k++)
+        WT_CHECK_OK(rank, comm, "iallreduce",
+                    weft_iallreduce(s, r + k * count, count, WEFT_FLOAT32, WEFT_SUM, comm,
+                                    &req[k]));
+    for (int k = 0; k < CALLS; k++)
+        failed += weft_wait(req[k]) != WEFT_OK;
+    free(s);
+    free(r);
+    if (failed != CALLS)
+        return weft_test_fail(rank, "%d of %d calls after the death failed", failed, CALLS);
+    /* Passed.  The harness's weft_comm_destroy would report the failed
+     * communicator as an error of its own. */
+    _exit(0);
+}
+
+Test(measure, a_death_mid_measurement_fails_every_call, .timeout = TIMEOUT_S)
+{
+    setenv("WEFT_TIMEOUT_MS", "20000", 1);
+    setenv("WEFT_TUNE_TRIALS", "2", 1);
+    setenv("WEFT_DEBUG", "NONE", 1);
+    cr_assert_eq(weft_test_run(3, TIMEOUT_S, death_body, NULL), 0, "see the rank messages above");
+}
