@@ -131,7 +131,7 @@ static void perf_usage(const perf_coll_t *coll, FILE *f)
             "  -i, --stepbytes SIZE     increment between sizes (default 1M)\n"
             "  -f, --stepfactor N       multiply sizes by N instead (default 1: use -i)\n"
             "  -n, --iters N            timed iterations per size (default 20)\n"
-            "  -w, --warmup_iters N     untimed iterations before each size (default 10: the\n"
+            "  -w, --warmup_iters N     untimed iterations before each size (default 20: the\n"
             "                           automatic choice times its candidates on these)\n"
             "  -c, --check 0/1          check every result exactly (default 1)\n"
             "  -d, --datatype T         int8 uint8 int32 uint32 int64 uint64 half float\n"
@@ -163,7 +163,7 @@ static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_
     o->stepbytes = 1u << 20;
     o->stepfactor = 1;
     o->iters = 20;
-    o->warmup = 10;
+    o->warmup = 20;
     o->check = 1;
     o->dtype = WEFT_FLOAT32;
     o->op = WEFT_SUM;

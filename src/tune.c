@@ -235,20 +235,31 @@ struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_
     return n > 0 ? plans[0] : ring;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int nranks,
                      double *per_cand)
 {
     int trials = m->ncand * m->reps, best = 0;
     double tbest = INFINITY;
     for (int c = 0; c < m->ncand; c++) {
-        double tc = INFINITY;
-        for (int r = 0; r < m->reps; r++) {
-            int i = r * m->ncand + c; /* call i ran candidate i mod ncand */
+        /* Calls c * reps .. (c + 1) * reps - 1 ran candidate c back to
+         * back; the first absorbed the switch from the plan before. */
+        double calls[WEFT_TUNE_MAX_REPS];
+        int n = 0;
+        for (int i = c * m->reps + (m->reps > 1); i < (c + 1) * m->reps; i++) {
             double sum = 0;
             for (int k = 0; k < nranks; k++)
                 sum += all[(size_t)k * (size_t)trials + (size_t)i];
-            tc = fmin(tc, sum / nranks);
+            if (isfinite(sum))
+                calls[n++] = sum / nranks;
         }
+        qsort(calls, (size_t)n, sizeof(double), cmp_double);
+        double tc = n == 0 ? INFINITY : n % 2 ? calls[n / 2] : (calls[n / 2 - 1] + calls[n / 2]) / 2;
         if (per_cand)
             per_cand[c] = tc;
         if (tc < tbest) {
@@ -275,7 +286,7 @@ static int measured(const double *secs, int n)
 {
     int64_t most = weft_param_int("WEFT_TUNE_CANDIDATES");
     int k = 0;
-    if (weft_param_int("WEFT_TUNE_TRIALS") <= 0)
+    if (weft_param_int("WEFT_TUNE_TRIALS") == 0)
         return 0;
     while (k < n && k < WEFT_MIN(most, WEFT_TUNE_MAX_CANDS) && isfinite(secs[k]) &&
            secs[k] <= WEFT_TUNE_SPREAD * secs[0])
@@ -293,6 +304,14 @@ static struct weft_tune_measure *measure_new(int coll, int e, int cls,
     int k = measured(secs, n);
     if (k < 2)
         return NULL;
+    if (reps < 0) {
+        /* Enough calls that the class's trials take about
+         * WEFT_TUNE_BUDGET by the model's clock: short calls are noisy and
+         * cheap, long ones steady and dear. */
+        double per = WEFT_TUNE_BUDGET / (k * secs[0]);
+        reps = per >= WEFT_TUNE_MAX_REPS ? WEFT_TUNE_MAX_REPS : (int64_t)per;
+        reps = WEFT_MAX(reps, 3);
+    }
     struct weft_tune_measure *m = calloc(1, sizeof(*m));
     if (m == NULL)
         return NULL;
@@ -360,7 +379,7 @@ struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, 
         if (atomic_load(&m->decided))
             pl = m->plan, tk->m = NULL;
         else if (i < trials)
-            pl = m->cand[i % m->ncand], tk->trial = i;
+            pl = m->cand[i / m->reps], tk->trial = i;
         else
             tk->pending = true, tk->decide = i == trials;
         pthread_mutex_unlock(&eng->mu);

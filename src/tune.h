@@ -65,16 +65,17 @@ struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_
  * Measured refinement (WEFT_TUNE_TRIALS > 0).  The model ranks the plans;
  * those predicted within WEFT_TUNE_SPREAD of the best (at most
  * WEFT_TUNE_CANDIDATES) are then timed on the caller's own first calls of
- * the size class: call i runs candidate i mod ncand, for ncand * reps
- * calls.  Every rank numbers its calls of a class alike (collectives are
+ * the size class: reps calls in a row each, call i running candidate
+ * i / reps, for ncand * reps calls.  Every rank numbers its calls of a class alike (collectives are
  * called in one order everywhere), so every rank runs the same plan.  The
  * next call carries an exchange of every rank's times (an allgather the
  * engine runs before it, once every trial has finished), and from its
  * result every rank computes the same winner; that call and the ones
  * queued behind it wait for it.
  */
-#define WEFT_TUNE_MAX_CANDS 4
-#define WEFT_TUNE_MAX_REPS 4
+#define WEFT_TUNE_MAX_CANDS 8
+#define WEFT_TUNE_MAX_REPS 16
+#define WEFT_TUNE_BUDGET 2e-3 /* seconds of trials a class gets when WEFT_TUNE_TRIALS is -1 */
 #define WEFT_TUNE_SPREAD 4.0 /* candidates: predicted at most this x the best */
 
 /* One size class being measured.  Owner: the communicator's tune cache;
@@ -101,9 +102,13 @@ struct weft_tune_ticket {
 };
 
 /* The winner of m given every rank's trial times (nranks rows of ncand *
- * reps seconds, the layout of m->t): a trial's time is its mean over ranks,
- * a candidate's the least of its trials (per_cand, may be NULL, gets them);
- * ties go to the better prediction.  Pure, so every rank computes the same. */
+ * reps seconds, the layout of m->t): a call's time is its mean over ranks,
+ * a candidate's the median of its calls but the first of its run (which
+ * absorbed the switch from the plan before: ranks arrive skewed by it), so
+ * it is the time of back-to-back calls, and one preempted call does not
+ * decide; per_cand (may be NULL) gets them.  Calls whose time is not
+ * finite are left out; ties go to the better prediction.  Pure, so every
+ * rank computes the same. */
 int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int nranks,
                      double *per_cand) WEFT_HIDDEN;
 

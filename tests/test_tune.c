@@ -135,26 +135,27 @@ Test(classes, two_per_octave_and_monotonic)
 
 /* ---- measured selection: the verdict ------------------------------------------- */
 
-static struct weft_tune_measure three_by_two(void)
+static struct weft_tune_measure three_by_three(void)
 {
-    struct weft_tune_measure m = {.ncand = 3, .reps = 2};
+    struct weft_tune_measure m = {.ncand = 3, .reps = 3};
     for (int c = 0; c < 3; c++)
         m.cand[c] = (struct weft_plan){c, 0};
     return m;
 }
 
-Test(decide, mean_over_ranks_then_least_over_trials)
+Test(decide, median_of_each_run_after_its_first_call)
 {
-    struct weft_tune_measure m = three_by_two();
-    /* Two ranks; call i ran candidate i mod 3.  Candidate 1's first trial
-     * was disturbed on rank 0 (90): its second one counts.  Means per
-     * trial: c0 {10, 10}, c1 {50, 8}, c2 {9, 12}. */
-    const double all[2][6] = {{10, 90, 8, 10, 7, 12}, {10, 10, 10, 10, 9, 12}};
+    struct weft_tune_measure m = three_by_three();
+    /* Two ranks; calls 0-2 ran candidate 0, 3-5 candidate 1, 6-8
+     * candidate 2.  Each run's first call does not count, however fast
+     * (candidate 2's 1) or slow (candidate 1's 90).  Rank means of the
+     * rest: c0 {10, 10}, c1 {7, 7}, c2 {8.5, 8.5}. */
+    const double all[2][9] = {{50, 10, 10, 90, 8, 8, 1, 9, 9}, {50, 10, 10, 90, 6, 6, 1, 8, 8}};
     double per[WEFT_TUNE_MAX_CANDS];
     cr_expect_eq(weft_tune_decide(&m, &all[0][0], 2, per), 1);
     cr_expect_float_eq(per[0], 10.0, 1e-12);
-    cr_expect_float_eq(per[1], 8.0, 1e-12);
-    cr_expect_float_eq(per[2], 9.0, 1e-12);
+    cr_expect_float_eq(per[1], 7.0, 1e-12);
+    cr_expect_float_eq(per[2], 8.5, 1e-12);
     /* Every rank computes the same from the same rows. */
     for (int i = 0; i < 5; i++)
         cr_expect_eq(weft_tune_decide(&m, &all[0][0], 2, NULL), 1);
@@ -162,18 +163,42 @@ Test(decide, mean_over_ranks_then_least_over_trials)
 
 Test(decide, ties_go_to_the_better_prediction)
 {
-    struct weft_tune_measure m = three_by_two();
-    const double all[6] = {5, 5, 5, 5, 5, 5};
+    struct weft_tune_measure m = three_by_three();
+    const double all[9] = {5, 5, 5, 5, 5, 5, 5, 5, 5};
     cr_expect_eq(weft_tune_decide(&m, all, 1, NULL), 0);
-    const double later[6] = {6, 5, 5, 6, 5, 5}; /* c1 and c2 tie: c1 */
+    const double later[9] = {6, 6, 6, 5, 5, 5, 5, 5, 5}; /* c1 and c2 tie: c1 */
     cr_expect_eq(weft_tune_decide(&m, later, 1, NULL), 1);
 }
 
-Test(decide, a_nan_trial_never_wins)
+Test(decide, one_preempted_call_does_not_decide)
 {
-    struct weft_tune_measure m = three_by_two();
-    const double all[6] = {NAN, 7, 9, NAN, 8, 9};
-    cr_expect_eq(weft_tune_decide(&m, all, 1, NULL), 1);
-    const double none[6] = {NAN, NAN, NAN, NAN, NAN, NAN};
+    struct weft_tune_measure m = {.ncand = 2, .reps = 4};
+    /* Candidate 0 is faster but one of its calls was preempted (500). */
+    const double all[8] = {9, 5, 500, 5, 9, 6, 6, 6};
+    double per[WEFT_TUNE_MAX_CANDS];
+    cr_expect_eq(weft_tune_decide(&m, all, 1, per), 0);
+    cr_expect_float_eq(per[0], 5.0, 1e-12);
+    cr_expect_float_eq(per[1], 6.0, 1e-12);
+}
+
+Test(decide, one_call_a_candidate_counts_that_call)
+{
+    struct weft_tune_measure m = {.ncand = 2, .reps = 1};
+    const double all[2] = {7, 6};
+    double per[WEFT_TUNE_MAX_CANDS];
+    cr_expect_eq(weft_tune_decide(&m, all, 1, per), 1);
+    cr_expect_float_eq(per[0], 7.0, 1e-12);
+}
+
+Test(decide, times_that_are_not_finite_are_left_out)
+{
+    struct weft_tune_measure m = three_by_three();
+    const double all[9] = {1, NAN, 9, 1, 7, INFINITY, 1, 8, 8};
+    double per[WEFT_TUNE_MAX_CANDS];
+    cr_expect_eq(weft_tune_decide(&m, all, 1, per), 1);
+    cr_expect_float_eq(per[0], 9.0, 1e-12);
+    cr_expect_float_eq(per[1], 7.0, 1e-12);
+    cr_expect_float_eq(per[2], 8.0, 1e-12);
+    const double none[9] = {NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN};
     cr_expect_eq(weft_tune_decide(&m, none, 1, NULL), 0);
 }

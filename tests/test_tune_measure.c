@@ -14,7 +14,7 @@
 #include "harness.h"
 #include "tune.h"
 
-#define CALLS 14 /* more than the most trials (4 candidates x 2) and the exchange */
+#define CALLS 24 /* more than the trials (at most 6 candidates x 3 here) and the exchange */
 #define TIMEOUT_S 120
 
 enum mode { BLOCKING, BURST, GROUP };
@@ -152,7 +152,7 @@ static int settle_body(weft_comm_t comm, int rank, int p, void *arg)
 static void settle(int p, enum mode mode, const char *transport, const char *check)
 {
     setenv("WEFT_TIMEOUT_MS", "30000", 1);
-    setenv("WEFT_TUNE_TRIALS", "2", 1);
+    setenv("WEFT_TUNE_TRIALS", "3", 1);
     if (transport)
         setenv("WEFT_TRANSPORT", transport, 1);
     if (check) {
