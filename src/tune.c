@@ -252,11 +252,13 @@ int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int n
         double calls[WEFT_TUNE_MAX_REPS];
         int n = 0;
         for (int i = c * m->reps + (m->reps > 1); i < (c + 1) * m->reps; i++) {
-            double sum = 0;
-            for (int k = 0; k < nranks; k++)
-                sum += all[(size_t)k * (size_t)trials + (size_t)i];
-            if (isfinite(sum))
-                calls[n++] = sum / nranks;
+            double most = 0;
+            for (int k = 0; k < nranks && isfinite(most); k++) {
+                double t = all[(size_t)k * (size_t)trials + (size_t)i];
+                most = isfinite(t) ? fmax(most, t) : INFINITY;
+            }
+            if (isfinite(most))
+                calls[n++] = most;
         }
         qsort(calls, (size_t)n, sizeof(double), cmp_double);
         double tc = n == 0 ? INFINITY : n % 2 ? calls[n / 2] : (calls[n / 2 - 1] + calls[n / 2]) / 2;

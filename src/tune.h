@@ -102,8 +102,10 @@ struct weft_tune_ticket {
 };
 
 /* The winner of m given every rank's trial times (nranks rows of ncand *
- * reps seconds, the layout of m->t): a call's time is its mean over ranks,
- * a candidate's the median of its calls but the first of its run (which
+ * reps seconds, the layout of m->t): a call's time is its longest on any
+ * rank (a root that sends and leaves is not the pace of a broadcast; its
+ * slowest receiver is), a candidate's the median of its calls but the
+ * first of its run (which
  * absorbed the switch from the plan before: ranks arrive skewed by it), so
  * it is the time of back-to-back calls, and one preempted call does not
  * decide; per_cand (may be NULL) gets them.  Calls whose time is not
