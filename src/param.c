@@ -56,7 +56,7 @@ static const struct weft_param_desc table[] = {
     {"WEFT_DETERMINISTIC", "int", "0",
      "1: allreduce, reduce_scatter and reduce combine every element in rank order on a pipelined chain, so results are bitwise identical on every rank and run whatever the algorithm, chunk or message size; costs p-1 hops before the first chunk of the result and the chain in place of the fastest algorithm (README: Deterministic mode). weft_comm_set_deterministic sets it per communicator", NULL},
     {"WEFT_TUNE_TRIALS", "int", "-1",
-     "calls in a row per candidate plan, timed on the first calls of each size class before the automatic choice settles (the first of each run is not counted; the fastest median wins; ranks agree through one exchange). -1: 3 to 16, so that a class's trials take about 2 ms by the model's clock; 0: the cost model's prediction alone", NULL},
+     "calls in a row per candidate plan, timed on the first calls of each size class before the automatic choice settles (the first of each run is not counted; the plan whose slowest rank has the lowest median wins; ranks agree through one exchange). -1: 4 to 16, so that a class's trials take about 2 ms by the model's clock; 0: the cost model's prediction alone", NULL},
     {"WEFT_TUNE_CANDIDATES", "int", "6",
      "plans timed per size class: the best predicted, within 4x of the best prediction (at most 8)", NULL},
     {"WEFT_ALGO", "str", "", "algorithms allowed, NCCL_ALGO syntax: ring, tree, rhd, direct, hier; ^tree excludes; allreduce:rhd;allgather:ring per collective. A call none of them serves gets the automatic choice", "NCCL_ALGO"},

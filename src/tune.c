@@ -241,6 +241,15 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* The median of v[0..n), which it sorts; INFINITY when n is 0. */
+static double median(double *v, int n)
+{
+    if (n == 0)
+        return INFINITY;
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int nranks,
                      double *per_cand)
 {
@@ -249,19 +258,17 @@ int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int n
     for (int c = 0; c < m->ncand; c++) {
         /* Calls c * reps .. (c + 1) * reps - 1 ran candidate c back to
          * back; the first absorbed the switch from the plan before. */
-        double calls[WEFT_TUNE_MAX_REPS];
-        int n = 0;
-        for (int i = c * m->reps + (m->reps > 1); i < (c + 1) * m->reps; i++) {
-            double most = 0;
-            for (int k = 0; k < nranks && isfinite(most); k++) {
+        double tc = 0;
+        for (int k = 0; k < nranks; k++) {
+            double calls[WEFT_TUNE_MAX_REPS];
+            int n = 0;
+            for (int i = c * m->reps + (m->reps > 1); i < (c + 1) * m->reps; i++) {
                 double t = all[(size_t)k * (size_t)trials + (size_t)i];
-                most = isfinite(t) ? fmax(most, t) : INFINITY;
+                if (isfinite(t))
+                    calls[n++] = t;
             }
-            if (isfinite(most))
-                calls[n++] = most;
+            tc = fmax(tc, median(calls, n));
         }
-        qsort(calls, (size_t)n, sizeof(double), cmp_double);
-        double tc = n == 0 ? INFINITY : n % 2 ? calls[n / 2] : (calls[n / 2 - 1] + calls[n / 2]) / 2;
         if (per_cand)
             per_cand[c] = tc;
         if (tc < tbest) {
@@ -312,7 +319,7 @@ static struct weft_tune_measure *measure_new(int coll, int e, int cls,
          * cheap, long ones steady and dear. */
         double per = WEFT_TUNE_BUDGET / (k * secs[0]);
         reps = per >= WEFT_TUNE_MAX_REPS ? WEFT_TUNE_MAX_REPS : (int64_t)per;
-        reps = WEFT_MAX(reps, 3);
+        reps = WEFT_MAX(reps, 4);
     }
     struct weft_tune_measure *m = calloc(1, sizeof(*m));
     if (m == NULL)

@@ -102,15 +102,14 @@ struct weft_tune_ticket {
 };
 
 /* The winner of m given every rank's trial times (nranks rows of ncand *
- * reps seconds, the layout of m->t): a call's time is its longest on any
- * rank (a root that sends and leaves is not the pace of a broadcast; its
- * slowest receiver is), a candidate's the median of its calls but the
- * first of its run (which
- * absorbed the switch from the plan before: ranks arrive skewed by it), so
- * it is the time of back-to-back calls, and one preempted call does not
- * decide; per_cand (may be NULL) gets them.  Calls whose time is not
- * finite are left out; ties go to the better prediction.  Pure, so every
- * rank computes the same. */
+ * reps seconds, the layout of m->t).  A candidate's time is, on its slowest
+ * rank, the median of its calls but the first of its run (which absorbed
+ * the switch from the plan before: ranks arrive skewed by it): what a loop
+ * of back-to-back calls takes a call, as the slowest rank sets the pace
+ * (a root that sends and leaves is not the pace of a broadcast), and one
+ * preempted call does not decide.  per_cand (may be NULL) gets them.
+ * Times that are not finite are left out; ties go to the better
+ * prediction.  Pure, so every rank computes the same. */
 int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int nranks,
                      double *per_cand) WEFT_HIDDEN;
 

@@ -143,14 +143,15 @@ static struct weft_tune_measure three_by_three(void)
     return m;
 }
 
-Test(decide, slowest_rank_then_median_of_each_run_after_its_first_call)
+Test(decide, slowest_rank_of_the_medians_of_each_run_after_its_first_call)
 {
     struct weft_tune_measure m = three_by_three();
     /* Two ranks; calls 0-2 ran candidate 0, 3-5 candidate 1, 6-8
      * candidate 2.  Each run's first call does not count, however fast
-     * (candidate 2's 1) or slow (candidate 1's 90).  The slower rank of
-     * each of the rest: c0 {10, 11}, c1 {8, 8}, c2 {9, 9}; candidate 1
-     * wins although rank 1 alone would have picked candidate 2. */
+     * (candidate 2's 1) or slow (candidate 1's 90).  Medians of the rest
+     * per rank: c0 {10.5, 10}, c1 {8, 8}, c2 {9, 7}; the slower rank's
+     * decides, so candidate 1 wins although rank 1 alone would have picked
+     * candidate 2. */
     const double all[2][9] = {{50, 10, 11, 90, 8, 8, 1, 9, 9}, {50, 10, 10, 90, 8, 8, 1, 7, 7}};
     double per[WEFT_TUNE_MAX_CANDS];
     cr_expect_eq(weft_tune_decide(&m, &all[0][0], 2, per), 1);
