@@ -7,7 +7,8 @@
  *
  * Cost: three rounds (even edges, odd edges, the wrap-around edge), each
  * rank in at most one ping-pong per round; 30 round trips of 8 B to
- * 256 KiB per edge.  WEFT_CALIBRATE=0 skips it.
+ * 256 KiB per edge (up to three times over where the times fit no link).
+ * WEFT_CALIBRATE=0 skips it.
  */
 #include <math.h>
 #include <sched.h>
@@ -28,6 +29,7 @@ static const struct {
 } cal_sizes[] = {{8, 16}, {4096, 8}, {65536, 4}, {CAL_MAX_BYTES, 2}};
 
 #define CAL_POINTS (16 + 8 + 4 + 2)
+#define CAL_TRIES 3 /* runs of one edge, while its fit is noise */
 
 /* What the pinger of edge (i, i+1) publishes; plain numbers, checked on use. */
 struct cal_result {
@@ -86,12 +88,14 @@ static weft_status_t cal_exchange(struct weft_comm *comm, int peer, bool pinger,
     return WEFT_OK;
 }
 
-/* The ping-pong of one edge, from either end.  The pinger fits the times. */
-static weft_status_t cal_edge(struct weft_comm *comm, int peer, bool pinger, char *buf,
-                              uint64_t deadline, struct cal_result *res)
+/* One ping-pong over every size, from either end; the pinger fits the
+ * times.  *ok: the fit looks like a link. */
+static weft_status_t cal_run(struct weft_comm *comm, int peer, bool pinger, char *buf,
+                             uint64_t deadline, struct cal_result *res, bool *ok)
 {
     double x[CAL_POINTS], y[CAL_POINTS];
     int n = 0;
+    *ok = false;
     for (size_t k = 0; k < WEFT_ARRAY_SIZE(cal_sizes); k++) {
         for (int rep = 0; rep <= cal_sizes[k].reps; rep++) { /* rep 0 warms up */
             double s;
@@ -103,14 +107,42 @@ static weft_status_t cal_edge(struct weft_comm *comm, int peer, bool pinger, cha
             }
         }
     }
-    if (!pinger)
-        return WEFT_OK;
-    /* A fit with no cost per byte is noise (a descheduled peer), not a link. */
-    if (weft_topo_fit(x, y, n, &res->alpha, &res->beta) == WEFT_OK && res->beta > 0)
-        res->transport = comm->link_ops[peer] == &weft_shm_ops ? WEFT_LINK_SHM
-                         : comm->link_ops[peer] == &weft_tcp_ops ? WEFT_LINK_TCP
-                                                                 : WEFT_LINK_VERBS;
+    /* A fit with no cost per byte is noise, not a link: the peer (or this
+     * rank) was descheduled through the small sizes, as happens when ranks
+     * outnumber cores. */
+    if (pinger && weft_topo_fit(x, y, n, &res->alpha, &res->beta) == WEFT_OK && res->beta > 0)
+        *ok = true;
     return WEFT_OK;
+}
+
+/* The ping-pong of one edge, from either end.  A run whose fit is noise
+ * is run again, up to CAL_TRIES in all; after each, the pinger tells the
+ * other end whether to go on (one more 8-byte exchange). */
+static weft_status_t cal_edge(struct weft_comm *comm, int peer, bool pinger, char *buf,
+                              uint64_t deadline, struct cal_result *res)
+{
+    char *out = buf, *in = buf + CAL_MAX_BYTES;
+    for (int t = 1;; t++) {
+        bool ok;
+        double s;
+        WEFT_CHECK(cal_run(comm, peer, pinger, buf, deadline, res, &ok));
+        out[0] = (char)(pinger && (ok || t == CAL_TRIES));
+        WEFT_CHECK(cal_exchange(comm, peer, pinger, out, in, 8, deadline, &s));
+        bool done = pinger ? out[0] : in[0];
+        if (pinger && !ok)
+            WEFT_INFO(WEFT_SUB_INIT,
+                      "rank %d: calibration with rank %d, try %d of %d: the times fit no link "
+                      "(alpha %.2f us, beta %g s/B)%s",
+                      comm->rank, peer, t, CAL_TRIES, res->alpha * 1e6, res->beta,
+                      done ? "; it keeps the defaults" : "; again");
+        if (done) {
+            if (pinger && ok)
+                res->transport = comm->link_ops[peer] == &weft_shm_ops   ? WEFT_LINK_SHM
+                                 : comm->link_ops[peer] == &weft_tcp_ops ? WEFT_LINK_TCP
+                                                                         : WEFT_LINK_VERBS;
+            return WEFT_OK;
+        }
+    }
 }
 
 static int cmp_double(const void *a, const void *b)
