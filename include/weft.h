@@ -148,6 +148,16 @@ WEFT_API weft_status_t weft_mem_deregister(weft_comm_t comm, void *handle);
  * reports ranks that disagree); calls already issued keep their mode. */
 WEFT_API weft_status_t weft_comm_set_deterministic(weft_comm_t comm, int on);
 
+/* The algorithms comm may choose from, in WEFT_ALGO's syntax ("ring",
+ * "^tree", "allreduce:rhd;allgather:ring"); NULL or "" lets it choose from
+ * all.  A new communicator starts with WEFT_ALGO, one made by split or
+ * shrink with its parent's set.  It first waits for the calls already
+ * issued on comm, then forgets every choice made (and measured) so far.
+ * Not inside a group.  Collective in spirit, like the call above: every
+ * rank sets the same value at the same point of its calls on comm
+ * (WEFT_CHECK=1 reports ranks that disagree). */
+WEFT_API weft_status_t weft_comm_set_algo(weft_comm_t comm, const char *spec);
+
 /* Blocking collectives.  In place: sendbuf == recvbuf; for allgather
  * sendbuf == recvbuf + rank * sendcount elements, for reduce_scatter
  * recvbuf == sendbuf + rank * recvcount elements (NCCL's convention). */

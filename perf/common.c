@@ -19,6 +19,8 @@
 
 #define PERF_HUGE (2u << 20)
 #define PERF_MAX_REPORTS 8 /* per rank, so a broken build does not flood stderr */
+#define PERF_MAX_PLANS 16  /* -A entries */
+#define PERF_MAX_ROUNDS 64 /* -N */
 
 static const char *const dtype_names[WEFT_NUM_DTYPES] = {
     "int8", "uint8", "int32", "uint32", "int64", "uint64", "half", "float", "double", "bfloat16"};
@@ -44,6 +46,8 @@ typedef struct {
     weft_op_t op;
     int root;
     const char *algo;      /* -a, or NULL */
+    const char *plans;     /* -A, or NULL */
+    int rounds;            /* -N */
     const char *json_path; /* -J, or NULL */
     int reg;               /* -R: weft_mem_register the buffers */
 } perf_opts_t;
@@ -66,6 +70,10 @@ typedef struct {
     void *reg[2];                     /* -R: their registrations */
     size_t bufbytes;
     double sync[1];
+    int nplans;                             /* -A: entries, each on a communicator of its own */
+    char *plan_list;                        /* -A's text, cut at the commas */
+    const char *plan_name[PERF_MAX_PLANS];  /* into plan_list */
+    weft_comm_t plan_comm[PERF_MAX_PLANS];  /* split from comm, then weft_comm_set_algo */
     FILE *json;      /* rank 0 with -J only */
     int json_rows;   /* rows written so far, for the commas */
     double bw_sum;   /* busbw of every timed placement, for the average */
@@ -140,6 +148,12 @@ static void perf_usage(const perf_coll_t *coll, FILE *f)
             "  -r, --root R             root rank, or all (-1 too) (default 0)\n"
             "  -z, --blocking 0/1       accepted; weft's calls always block\n"
             "  -a, --algo ALGO          sets WEFT_ALGO before init\n"
+            "  -A, --plans LIST         times each entry of LIST (comma-separated: WEFT_ALGO\n"
+            "                           values such as ring or tree/double, auto for weft's\n"
+            "                           own choice) on a communicator of its own, every entry\n"
+            "                           once per round in an order of the round's own\n"
+            "  -N, --rounds N           timed rounds of -n iterations per size; the median\n"
+            "                           round is reported (default 1; 5 with -A)\n"
             "  -J, --json FILE          also write every row as JSON to FILE\n"
             "  -R, --register 0/1       weft_mem_register the buffers (zero-copy over verbs)\n"
             "  -h, --help               this text\n",
@@ -156,6 +170,7 @@ static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_
         {"op", required_argument, NULL, 'o'}, {"root", required_argument, NULL, 'r'},
         {"blocking", required_argument, NULL, 'z'}, {"algo", required_argument, NULL, 'a'},
         {"json", required_argument, NULL, 'J'}, {"register", required_argument, NULL, 'R'},
+        {"plans", required_argument, NULL, 'A'}, {"rounds", required_argument, NULL, 'N'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     memset(o, 0, sizeof(*o));
@@ -170,7 +185,7 @@ static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_
     int c;
     long v;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:d:o:r:z:a:J:R:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:d:o:r:z:a:A:N:J:R:h", longopts, NULL)) != -1) {
         const char *bad = NULL;
         switch (c) {
         case 'b': if (perf_parse_size(optarg, &o->minbytes)) bad = "-b wants a size like 8, 64K, 32M"; break;
@@ -182,6 +197,8 @@ static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_
         case 'c': if (parse_int(optarg, 0, 1 << 30, &v)) bad = "-c wants 0 or 1"; else o->check = v > 0; break;
         case 'z': if (parse_int(optarg, 0, 1, &v)) bad = "-z wants 0 or 1"; else o->blocking = (int)v; break;
         case 'a': o->algo = optarg; break;
+        case 'A': o->plans = optarg; bad = *optarg ? NULL : "-A wants plans like auto,ring,tree"; break;
+        case 'N': if (parse_int(optarg, 1, PERF_MAX_ROUNDS, &v)) bad = "-N wants 1 to 64"; else o->rounds = (int)v; break;
         case 'J': o->json_path = optarg; break;
         case 'R': if (parse_int(optarg, 0, 1, &v)) bad = "-R wants 0 or 1"; else o->reg = (int)v; break;
         case 'd':
@@ -230,6 +247,8 @@ static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_
         fprintf(stderr, "%s_perf: %s\n", coll->name, bad);
         return -1;
     }
+    if (o->rounds == 0)
+        o->rounds = o->plans ? 5 : 1;
     return 0;
 }
 
@@ -334,9 +353,71 @@ static void perf_outputs(perf_ctx_t *ctx, const perf_layout_t *l, int root, int6
     }
 }
 
-/* Times one placement of one size, then (with -c) runs it once more on
- * the pattern and counts wrong elements over all ranks.  *wrong is -1 when
- * nothing was checked. */
+/* The plans to time: -A's communicators, or comm alone. */
+static int perf_nplans(const perf_ctx_t *ctx)
+{
+    return ctx->nplans ? ctx->nplans : 1;
+}
+
+static weft_comm_t perf_plan_comm(const perf_ctx_t *ctx, int i)
+{
+    return ctx->nplans ? ctx->plan_comm[i] : ctx->comm;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Times every plan on one placement of one size: -w warm-ups each, then
+ * -N rounds, each running every plan's -n iterations once, in an order
+ * drawn for the round (the same on every rank), so that drift and slow
+ * spells fall on all plans alike.  A round's time is its slowest rank's;
+ * time_us[i] gets plan i's median round. */
+static weft_status_t perf_time(perf_ctx_t *ctx, const perf_call_t *call, double *time_us)
+{
+    const perf_coll_t *coll = ctx->coll;
+    int np = perf_nplans(ctx), rounds = ctx->opt.rounds;
+    double t[PERF_MAX_PLANS][PERF_MAX_ROUNDS];
+    for (int i = 0; i < np; i++)
+        for (int k = 0; k < ctx->opt.warmup; k++)
+            PERF_CHECK(ctx, coll->name, coll->run(call, perf_plan_comm(ctx, i)));
+    uint64_t draw = 0x9e3779b97f4a7c15ull ^ call->count;
+    for (int r = 0; r < rounds; r++) {
+        int order[PERF_MAX_PLANS];
+        for (int i = 0; i < np; i++)
+            order[i] = i;
+        for (int i = np - 1; i > 0; i--) { /* Fisher-Yates on a fixed LCG */
+            draw = draw * 6364136223846793005ull + 1442695040888963407ull;
+            int j = (int)((draw >> 33) % (uint64_t)(i + 1)), x = order[i];
+            order[i] = order[j];
+            order[j] = x;
+        }
+        for (int k = 0; k < np; k++) {
+            int i = order[k];
+            weft_comm_t c = perf_plan_comm(ctx, i);
+            PERF_CHECK(ctx, "weft_allreduce (sync)",
+                       weft_allreduce(ctx->sync, ctx->sync, 1, WEFT_FLOAT64, WEFT_SUM, ctx->comm));
+            double t0 = perf_now_us();
+            for (int it = 0; it < ctx->opt.iters; it++)
+                PERF_CHECK(ctx, coll->name, coll->run(call, c));
+            double us = (perf_now_us() - t0) / ctx->opt.iters;
+            PERF_CHECK(ctx, "weft_allreduce (time)",
+                       weft_allreduce(&us, &us, 1, WEFT_FLOAT64, WEFT_MAX, ctx->comm));
+            t[i][r] = us;
+        }
+    }
+    for (int i = 0; i < np; i++) {
+        qsort(t[i], (size_t)rounds, sizeof(double), cmp_double);
+        time_us[i] = rounds % 2 ? t[i][rounds / 2] : 0.5 * (t[i][rounds / 2 - 1] + t[i][rounds / 2]);
+    }
+    return WEFT_OK;
+}
+
+/* Times one placement of one size for every plan, then (with -c) runs
+ * each once more on the pattern and counts wrong elements over all ranks.
+ * wrong[i] is -1 when nothing was checked. */
 static weft_status_t perf_measure(perf_ctx_t *ctx, size_t bytes, int root, int in_place,
                                   double *time_us, int64_t *wrong)
 {
@@ -351,30 +432,24 @@ static weft_status_t perf_measure(perf_ctx_t *ctx, size_t bytes, int root, int i
      * no denormals, no infinities while timing. */
     table_of_constant(p->dtype, p->reduces && p->op == WEFT_SUM ? 0.0 : 1.0, ctx->tab_tmp);
     buffer_fill(l.in, l.in_count, ts, ctx->tab_tmp, 0);
-    for (int i = 0; i < ctx->opt.warmup; i++)
-        PERF_CHECK(ctx, coll->name, coll->run(&l.call, ctx->comm));
-    PERF_CHECK(ctx, "weft_allreduce (sync)",
-               weft_allreduce(ctx->sync, ctx->sync, 1, WEFT_FLOAT64, WEFT_SUM, ctx->comm));
-    double t0 = perf_now_us();
-    for (int i = 0; i < ctx->opt.iters; i++)
-        PERF_CHECK(ctx, coll->name, coll->run(&l.call, ctx->comm));
-    double t = (perf_now_us() - t0) / ctx->opt.iters;
-    PERF_CHECK(ctx, "weft_allreduce (time)",
-               weft_allreduce(&t, &t, 1, WEFT_FLOAT64, WEFT_MAX, ctx->comm));
-    *time_us = t;
+    weft_status_t st = perf_time(ctx, &l.call, time_us);
+    if (st != WEFT_OK)
+        return st;
 
-    *wrong = -1;
-    if (!ctx->opt.check || (in_place && !coll->check_in_place))
-        return WEFT_OK;
-    int64_t w = 0;
-    perf_outputs(ctx, &l, root, NULL);
-    if (coll->kind != PERF_KIND_BROADCAST || ctx->rank == root)
-        buffer_fill(l.in, l.in_count, ts, ctx->tab_in, 0);
-    PERF_CHECK(ctx, coll->name, coll->run(&l.call, ctx->comm));
-    perf_outputs(ctx, &l, root, &w);
-    PERF_CHECK(ctx, "weft_allreduce (check)",
-               weft_allreduce(&w, &w, 1, WEFT_INT64, WEFT_SUM, ctx->comm));
-    *wrong = w;
+    for (int i = 0; i < perf_nplans(ctx); i++) {
+        wrong[i] = -1;
+        if (!ctx->opt.check || (in_place && !coll->check_in_place))
+            continue;
+        int64_t w = 0;
+        perf_outputs(ctx, &l, root, NULL);
+        if (coll->kind != PERF_KIND_BROADCAST || ctx->rank == root)
+            buffer_fill(l.in, l.in_count, ts, ctx->tab_in, 0);
+        PERF_CHECK(ctx, coll->name, coll->run(&l.call, perf_plan_comm(ctx, i)));
+        perf_outputs(ctx, &l, root, &w);
+        PERF_CHECK(ctx, "weft_allreduce (check)",
+                   weft_allreduce(&w, &w, 1, WEFT_INT64, WEFT_SUM, ctx->comm));
+        wrong[i] = w;
+    }
     return WEFT_OK;
 }
 
@@ -393,8 +468,9 @@ static void json_string(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* One row: both placements of one size (of plan, with -A). */
 static void perf_row(perf_ctx_t *ctx, size_t size, size_t count, const char *op, int root,
-                     const double *time_us, const int64_t *wrong)
+                     const char *plan, const double *time_us, const int64_t *wrong)
 {
     double factor = ctx->coll->bus_factor(ctx->nranks);
     printf("%12zu  %12zu  %8s  %6s  %6d", size, count, dtype_names[ctx->pat.dtype], op, root);
@@ -402,6 +478,10 @@ static void perf_row(perf_ctx_t *ctx, size_t size, size_t count, const char *op,
         fprintf(ctx->json, "%s\n    {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", "
                 "\"redop\": \"%s\", \"root\": %d",
                 ctx->json_rows++ ? "," : "", size, count, dtype_names[ctx->pat.dtype], op, root);
+        if (plan) {
+            fprintf(ctx->json, ", \"plan\": ");
+            json_string(ctx->json, plan);
+        }
     }
     for (int place = 0; place < 2; place++) {
         double us = time_us[place];
@@ -424,7 +504,7 @@ static void perf_row(perf_ctx_t *ctx, size_t size, size_t count, const char *op,
                 fprintf(ctx->json, "%" PRId64 "}", wrong[place]);
         }
     }
-    printf("\n");
+    printf(plan ? "  %s\n" : "\n", plan);
     fflush(stdout);
     if (ctx->json)
         fprintf(ctx->json, "}");
@@ -442,20 +522,25 @@ static weft_status_t perf_case(perf_ctx_t *ctx, weft_dtype_t dtype, weft_op_t op
     const char *opname = reduces ? op_names[op] : "none";
     size_t ts = weft_dtype_size(dtype);
     for (size_t bytes = ctx->opt.minbytes;;) {
-        double t[2];
-        int64_t wrong[2];
+        double t[2][PERF_MAX_PLANS];
+        int64_t wrong[2][PERF_MAX_PLANS];
         for (int place = 0; place < 2; place++) {
-            weft_status_t st = perf_measure(ctx, bytes, root, place, &t[place], &wrong[place]);
+            weft_status_t st = perf_measure(ctx, bytes, root, place, t[place], wrong[place]);
             if (st != WEFT_OK)
                 return st;
         }
-        for (int place = 0; place < 2; place++)
-            if (wrong[place] > 0)
-                ctx->wrong_total += wrong[place];
         perf_layout_t l;
         perf_layout(ctx, bytes, 0, &l);
-        if (ctx->rank == 0)
-            perf_row(ctx, l.total * ts, l.total, opname, root, t, wrong);
+        for (int i = 0; i < perf_nplans(ctx); i++) {
+            double ti[2] = {t[0][i], t[1][i]};
+            int64_t wi[2] = {wrong[0][i], wrong[1][i]};
+            for (int place = 0; place < 2; place++)
+                if (wi[place] > 0)
+                    ctx->wrong_total += wi[place];
+            if (ctx->rank == 0)
+                perf_row(ctx, l.total * ts, l.total, opname, root,
+                         ctx->nplans ? ctx->plan_name[i] : NULL, ti, wi);
+        }
         if (ctx->opt.stepfactor > 1) {
             if (bytes > ctx->opt.maxbytes / (size_t)ctx->opt.stepfactor)
                 break;
@@ -501,6 +586,9 @@ static weft_status_t perf_header(perf_ctx_t *ctx)
                "validation: %d blocking: %d algo: %s\n",
                ctx->nranks, o->minbytes, o->maxbytes, step, o->warmup, o->iters, o->check,
                o->blocking, algo && *algo ? algo : "default");
+        if (ctx->nplans || o->rounds > 1)
+            printf("# plans: %s (each on a communicator of its own) rounds: %d\n",
+                   o->plans ? o->plans : "-", o->rounds);
         printf("#\n# Using ranks\n");
         for (int r = 0; r < ctx->nranks; r++) {
             all[r].host[sizeof(all[r].host) - 1] = '\0';
@@ -528,6 +616,8 @@ static weft_status_t perf_header(perf_ctx_t *ctx)
                 o->warmup, o->check, o->blocking);
         const char *algo = getenv("WEFT_ALGO");
         json_string(ctx->json, algo && *algo ? algo : "default");
+        fprintf(ctx->json, ", \"rounds\": %d, \"plans\": ", o->rounds);
+        json_string(ctx->json, o->plans ? o->plans : "");
         fprintf(ctx->json, "},\n  \"ranks\": [");
         for (int r = 0; r < ctx->nranks; r++) {
             fprintf(ctx->json, "%s\n    {\"rank\": %d, \"pid\": %d, \"host\": ", r ? "," : "",
@@ -539,6 +629,43 @@ static weft_status_t perf_header(perf_ctx_t *ctx)
     }
     free(all);
     return WEFT_OK;
+}
+
+/* -A: one communicator per entry, split from comm, allowed the entry's
+ * algorithms ("auto": all).  1 when an entry names no algorithm (every
+ * rank finds the same), with ctx->nplans the communicators made. */
+static int perf_plans_open(perf_ctx_t *ctx)
+{
+    const char *what = "strdup";
+    weft_status_t st = WEFT_ERR_NO_MEMORY;
+    if (ctx->opt.plans == NULL)
+        return 0;
+    if ((ctx->plan_list = strdup(ctx->opt.plans)) == NULL)
+        goto fail;
+    for (char *save = NULL, *e = strtok_r(ctx->plan_list, ",", &save); e;
+         e = strtok_r(NULL, ",", &save)) {
+        if (ctx->nplans == PERF_MAX_PLANS) {
+            if (ctx->rank == 0)
+                fprintf(stderr, "%s_perf: -A names more than %d plans\n", ctx->coll->name,
+                        PERF_MAX_PLANS);
+            return 1;
+        }
+        weft_comm_t c;
+        what = "weft_comm_split (-A)";
+        if ((st = weft_comm_split(ctx->comm, 0, ctx->rank, &c)) != WEFT_OK)
+            goto fail;
+        ctx->plan_name[ctx->nplans] = e;
+        ctx->plan_comm[ctx->nplans++] = c;
+        if ((st = weft_comm_set_algo(c, strcmp(e, "auto") == 0 ? NULL : e)) != WEFT_OK) {
+            if (ctx->rank == 0)
+                fprintf(stderr, "%s_perf: -A %s: %s\n", ctx->coll->name, e, weft_last_error(c));
+            return 1;
+        }
+    }
+    return 0;
+fail:
+    perf_fail(ctx, what, st);
+    return -1;
 }
 
 static weft_status_t perf_all_cases(perf_ctx_t *ctx)
@@ -627,6 +754,13 @@ int perf_main(const perf_coll_t *coll, int argc, char **argv)
     }
     if (failed)
         goto out_destroy;
+    int bad_plans = perf_plans_open(ctx);
+    if (bad_plans < 0)
+        goto out_abort;
+    if (bad_plans > 0) {
+        exit_code = 2;
+        goto out_destroy;
+    }
 
     if (perf_header(ctx) != WEFT_OK || perf_all_cases(ctx) != WEFT_OK)
         goto out_abort;
@@ -649,6 +783,10 @@ out_destroy:
     for (int i = 0; i < 2; i++)
         if (ctx->reg[i])
             weft_mem_deregister(ctx->comm, ctx->reg[i]);
+    for (int i = 0; i < ctx->nplans; i++)
+        if ((st = weft_comm_destroy(ctx->plan_comm[i])) != WEFT_OK)
+            fprintf(stderr, "# rank %d: weft_comm_destroy (-A %s) failed: %s\n", ctx->rank,
+                    ctx->plan_name[i], weft_status_string(st));
     st = weft_comm_destroy(ctx->comm);
     if (st != WEFT_OK) {
         fprintf(stderr, "# rank %d: weft_comm_destroy failed: %s: %s\n", ctx->rank,
@@ -657,6 +795,8 @@ out_destroy:
     }
     goto out_close;
 out_abort:
+    for (int i = 0; i < ctx->nplans; i++)
+        weft_comm_abort(ctx->plan_comm[i]);
     weft_comm_abort(ctx->comm);
     exit_code = 1;
 out_close:
@@ -667,6 +807,7 @@ out_close:
     }
     free(ctx->recvbuf);
     free(ctx->sendbuf);
+    free(ctx->plan_list);
 out_free:
     free(ctx);
     return exit_code;

@@ -6,10 +6,12 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "algorithms/schedule.h"
 #include "comm.h"
 #include "engine.h"
+#include "tune.h"
 
 size_t weft_dtype_size(weft_dtype_t dtype)
 {
@@ -330,4 +332,28 @@ weft_status_t weft_group_end(void)
             first = st;
     }
     return first;
+}
+
+weft_status_t weft_comm_set_algo(weft_comm_t comm, const char *spec)
+{
+    if (comm == NULL || !weft_comm_acquire(comm))
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                "weft_comm_set_algo: invalid communicator (NULL, destroyed or "
+                                "never created)");
+    unsigned masks[WEFT_COLL_COUNT];
+    weft_status_t st = weft_tune_parse_algo(spec ? spec : "", masks);
+    if (st != WEFT_OK)
+        st = weft_error_quiet(comm, st, "weft_comm_set_algo: %s", weft_thread_last_error());
+    else if (group_depth > 0)
+        st = weft_error_quiet(comm, WEFT_ERR_INVALID_ARG,
+                              "weft_comm_set_algo: inside a group (the calls it holds were "
+                              "planned with the algorithms before)");
+    /* The calls already issued finish with the plans they have; then the
+     * choices made (and measured) under the old set are forgotten. */
+    else if ((st = weft_engine_drain(comm)) == WEFT_OK) {
+        memcpy(comm->algos, masks, sizeof(masks));
+        weft_tune_cache_free(&comm->tune);
+    }
+    weft_comm_release(comm);
+    return st;
 }

@@ -146,7 +146,8 @@ weft_status_t weft_check_verify(struct weft_comm *comm, const struct weft_finger
         return weft_error(comm, WEFT_ERR_MISMATCH,
                           "rank %d: collective mismatch at collective #%llu, %s: rank 0 runs it "
                           "with %s and %llu-byte chunks but rank %d with %s and %llu-byte chunks "
-                          "(WEFT_ALGO or WEFT_CHUNK_SIZE differ between ranks)%s",
+                          "(WEFT_ALGO, weft_comm_set_algo or WEFT_CHUNK_SIZE differ between "
+                          "ranks)%s",
                           me, seq, describe(ref, false, a, sizeof(a)), weft_algo_name(ref->algo & 0xff),
                           (unsigned long long)ref->chunk, first, weft_algo_name(odd->algo & 0xff),
                           (unsigned long long)odd->chunk, others);

@@ -87,8 +87,8 @@ static weft_status_t join_offer(struct weft_comm *parent, const char *fn, uint32
     weft_status_t st = weft_comm_create(out, n, &uid, newrank);
     if (st != WEFT_OK)
         weft_error_quiet(parent, st, "%s: %s", fn, weft_thread_last_error());
-    else /* every member's parent has the same setting, so the children agree */
-        atomic_store(&(*out)->deterministic, atomic_load(&parent->deterministic));
+    else /* every member's parent has the same settings, so the children agree */
+        weft_comm_inherit(*out, parent);
     return st;
 }
 
@@ -205,7 +205,7 @@ static weft_status_t shrink_acquired(struct weft_comm *comm, const bool *gone,
     }
     weft_status_t st = weft_comm_create(newcomm, n, &uid, newrank);
     if (st == WEFT_OK)
-        atomic_store(&(*newcomm)->deterministic, atomic_load(&comm->deterministic));
+        weft_comm_inherit(*newcomm, comm);
     if (st != WEFT_OK) {
         weft_error_quiet(comm, st, "%s: %s", fn, weft_thread_last_error());
         int left = leader == comm->rank ? weft_uid_take_listener(uid.job) : -1;

@@ -448,10 +448,13 @@ void weft_tune_record(struct weft_comm *comm, struct weft_tune_measure *m, const
 
 void weft_tune_cache_free(struct weft_tune_cache *c)
 {
-    for (int k = 0; k < WEFT_COLL_COUNT; k++)
+    for (int k = 0; k < WEFT_COLL_COUNT; k++) {
+        atomic_store(&c->warned[k], 0);
         for (int e = 0; e < 4; e++)
             for (int cls = 0; cls < WEFT_TUNE_CLASSES; cls++) {
+                atomic_store(&c->plan[k][e][cls], 0);
                 free(c->measure[k][e][cls]);
                 c->measure[k][e][cls] = NULL;
             }
+    }
 }

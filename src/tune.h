@@ -115,13 +115,15 @@ int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int n
 
 /* Per-communicator cache of selections, lock-free on a hit: entries are
  * written whole (algo | variant << 8 | valid bit).  Classes being measured
- * have a weft_tune_measure until the communicator is freed. */
+ * have a weft_tune_measure until the communicator is freed or its
+ * algorithms change (weft_comm_set_algo). */
 #define WEFT_TUNE_CLASSES 96 /* size classes: two per power of two, 0 B .. 2^47 B */
 struct weft_tune_cache {
     _Atomic int32_t plan[WEFT_COLL_COUNT][4][WEFT_TUNE_CLASSES];
     _Atomic int warned[WEFT_COLL_COUNT];
     struct weft_tune_measure *measure[WEFT_COLL_COUNT][4][WEFT_TUNE_CLASSES];
 };
+/* Forgets every choice and frees every measurement: empty, as new. */
 void weft_tune_cache_free(struct weft_tune_cache *c) WEFT_HIDDEN;
 
 /* The size class of a byte count, and the byte count that stands for it. */

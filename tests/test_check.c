@@ -651,8 +651,9 @@ Test(check_verify, plan_and_sequence_and_garbage)
     fp[1].algo = WEFT_ALGO_RHD;
     cr_assert_eq(weft_check_verify(c, fp), WEFT_ERR_MISMATCH);
     cr_expect(strstr(c->last_error, "rank 0 runs it with ring and 524288-byte chunks but rank 1 "
-                                    "with rhd and 524288-byte chunks (WEFT_ALGO or "
-                                    "WEFT_CHUNK_SIZE differ between ranks)") != NULL,
+                                    "with rhd and 524288-byte chunks (WEFT_ALGO, "
+                                    "weft_comm_set_algo or WEFT_CHUNK_SIZE differ between "
+                                    "ranks)") != NULL,
               "%s", c->last_error);
     /* Different sequence numbers: both are named. */
     fill(fp, 2, &ar);

@@ -327,6 +327,39 @@ Test(cluster, four_nodes_1gbit_every_algorithm_and_bandwidth, .timeout = 240)
     finish(&r, passed);
 }
 
+/* -A: every plan on a communicator of its own in one job, each row
+ * checked, one row per size and plan, named, in -A's order. */
+Test(cluster, two_nodes_two_ranks_plans_side_by_side, .timeout = 240)
+{
+    need_cluster();
+    static const char *const plans[] = {"auto", "ring", "rhd/doubling", "hier", "direct"};
+    const char *cmd[] = {WEFT_BUILDDIR "/all_gather_perf", "-b", "8", "-e", "32K", "-f", "8",
+                         "-n", "2", "-w", "1", "-N", "3", "-c", "1", "-A",
+                         "auto,ring,rhd/doubling,hier,direct", NULL};
+    struct run r;
+    struct row rows[MAX_ROWS];
+    int passed;
+    cluster_run(&r, 2, 2, NULL, cmd);
+    const char *logdir = r.logdir;
+    int n = expect_checked(&r, "2x2 all_gather_perf -A", 5 * 5, rows, &passed);
+    char *text = slurp(r.out), *save = NULL;
+    int k = 0;
+    for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        double bytes;
+        const char *last = strrchr(l, ' ');
+        if (l[0] == '#' || sscanf(l, "%lf", &bytes) != 1 || last == NULL)
+            continue;
+        const char *want = plans[k++ % 5];
+        cr_expect_str_eq(last + 1, want, "%.0f bytes names %s, expected %s (%s)", bytes, last + 1,
+                         want, logdir);
+        passed &= strcmp(last + 1, want) == 0;
+    }
+    cr_expect_eq(k, n, "%d named rows of %d (%s)", k, n, logdir);
+    passed &= k == n;
+    free(text);
+    finish(&r, passed);
+}
+
 /* Each frame waits DELAY_US in the relay.  Any allreduce needs at least one
  * message hop; ring, tree and rhd on 4 ranks need at least two in a row
  * (rhd: log2(4) exchanges; tree: up and down; ring: 2(n-1) steps). */

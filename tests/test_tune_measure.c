@@ -3,7 +3,8 @@
  * a size class time the candidate plans, every rank settles on the same
  * one, and no call is lost or wrong on the way, whether the calls block,
  * are in flight together, sit in a group or go through WEFT_CHECK; a rank
- * that dies mid-measurement fails the others instead of hanging them.
+ * that dies mid-measurement fails the others instead of hanging them;
+ * weft_comm_set_algo changes the set a communicator chooses from.
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -231,4 +232,127 @@ Test(measure, a_death_mid_measurement_fails_every_call, .timeout = TIMEOUT_S)
     setenv("WEFT_TUNE_TRIALS", "2", 1);
     setenv("WEFT_DEBUG", "NONE", 1);
     cr_assert_eq(weft_test_run(3, TIMEOUT_S, death_body, NULL), 0, "see the rank messages above");
+}
+
+/* ---- weft_comm_set_algo ----------------------------------------------------------- */
+
+/* The one plan comm may run for allreduces of count floats, or -1 when
+ * it has a choice. */
+static int only_plan(weft_comm_t comm, size_t count)
+{
+    struct weft_plan plans[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
+    int n = weft_tune_plans(comm, WEFT_COLL_ALLREDUCE, count, 4, plans);
+    return n == 1 ? plans[0].variant << 8 | plans[0].algo : -1;
+}
+
+static int set_algo_body(weft_comm_t comm, int rank, int p, void *arg)
+{
+    (void)arg;
+    const size_t count = counts[1];
+    const int doubling = 1 << 8 | WEFT_ALGO_RHD; /* rhd/doubling */
+    if (run_calls(comm, rank, p, BLOCKING, count) ||
+        check_settled(comm, rank, p, WEFT_COLL_ALLREDUCE, count, 4))
+        return 1;
+    /* Calls in flight finish (with their plans) before the set changes. */
+    float *s = malloc(4 * count * sizeof(float)), *r = malloc(4 * count * sizeof(float));
+    weft_request_t req[4];
+    if (!s || !r)
+        return weft_test_fail(rank, "out of memory");
+    for (size_t j = 0; j < 4 * count; j++)
+        s[j] = input(rank, (int)(j / count), j % count);
+    for (int k = 0; k < 4; k++)
+        WT_CHECK_OK(rank, comm, "iallreduce",
+                    weft_iallreduce(s + k * count, r + k * count, count, WEFT_FLOAT32, WEFT_SUM,
+                                    comm, &req[k]));
+    WT_CHECK_OK(rank, comm, "set_algo", weft_comm_set_algo(comm, "allreduce:rhd/doubling"));
+    int fails = 0;
+    for (int k = 0; k < 4; k++) {
+        WT_CHECK_OK(rank, comm, "wait", weft_wait(req[k]));
+        fails += check_sum(rank, p, k, count, r + k * count);
+    }
+    free(s);
+    free(r);
+    if (fails)
+        return 1;
+    int cls = weft_tune_class(count * 4);
+    if (atomic_load(&comm->tune.plan[WEFT_COLL_ALLREDUCE][2][cls]) != 0 ||
+        comm->tune.measure[WEFT_COLL_ALLREDUCE][2][cls] != NULL)
+        return weft_test_fail(rank, "the choice made before weft_comm_set_algo was kept");
+    if (only_plan(comm, count) != doubling)
+        return weft_test_fail(rank, "after set_algo(rhd/doubling): plan 0x%x", only_plan(comm, count));
+    if (run_calls(comm, rank, p, BLOCKING, count) ||
+        check_settled(comm, rank, p, WEFT_COLL_ALLREDUCE, count, 4))
+        return 1;
+    if ((atomic_load(&comm->tune.plan[WEFT_COLL_ALLREDUCE][2][cls]) & 0xffff) != doubling)
+        return weft_test_fail(rank, "allreduce did not run rhd/doubling");
+
+    /* Refusals change nothing. */
+    if (weft_test_expect_status(rank, comm, "set_algo(bad)",
+                                weft_comm_set_algo(comm, "tree;allreduce:frobnicate"),
+                                WEFT_ERR_INVALID_ARG))
+        return 1;
+    if (!strstr(weft_last_error(comm), "frobnicate"))
+        return weft_test_fail(rank, "the error does not name the bad algorithm: %s",
+                              weft_last_error(comm));
+    WT_CHECK_OK(rank, comm, "group start", weft_group_start());
+    weft_status_t st = weft_comm_set_algo(comm, "ring");
+    WT_CHECK_OK(rank, comm, "group end", weft_group_end());
+    if (weft_test_expect_status(rank, comm, "set_algo in a group", st, WEFT_ERR_INVALID_ARG))
+        return 1;
+    if (!strstr(weft_last_error(comm), "group"))
+        return weft_test_fail(rank, "in a group: %s", weft_last_error(comm));
+    if (only_plan(comm, count) != doubling)
+        return weft_test_fail(rank, "a refused set_algo changed the set");
+    if (weft_test_expect_status(rank, NULL, "set_algo(NULL comm)",
+                                weft_comm_set_algo(NULL, "ring"), WEFT_ERR_INVALID_ARG))
+        return 1;
+
+    /* A child of split starts with its parent's set. */
+    weft_comm_t child;
+    WT_CHECK_OK(rank, comm, "split", weft_comm_split(comm, 0, rank, &child));
+    int inherited = only_plan(child, count);
+    WT_CHECK_OK(rank, comm, "destroy child", weft_comm_destroy(child));
+    if (inherited != doubling)
+        return weft_test_fail(rank, "the child of split runs 0x%x", inherited);
+
+    /* NULL: every plan again, measured anew. */
+    WT_CHECK_OK(rank, comm, "set_algo(NULL)", weft_comm_set_algo(comm, NULL));
+    if (only_plan(comm, count) != -1)
+        return weft_test_fail(rank, "after set_algo(NULL) one plan only");
+    return run_calls(comm, rank, p, BLOCKING, count) ||
+           check_settled(comm, rank, p, WEFT_COLL_ALLREDUCE, count, 4);
+}
+
+Test(measure, set_algo_changes_the_choice_4, .timeout = TIMEOUT_S)
+{
+    setenv("WEFT_TIMEOUT_MS", "30000", 1);
+    setenv("WEFT_TUNE_TRIALS", "3", 1);
+    cr_assert_eq(weft_test_run(4, TIMEOUT_S, set_algo_body, NULL), 0,
+                 "see the rank messages above");
+}
+
+/* Ranks that set different algorithms: WEFT_CHECK names the cause. */
+static int set_algo_mismatch_body(weft_comm_t comm, int rank, int p, void *arg)
+{
+    (void)p;
+    (void)arg;
+    float x[4096] = {0};
+    WT_CHECK_OK(rank, comm, "set_algo",
+                weft_comm_set_algo(comm, rank == 0 ? "ring" : "allreduce:rhd"));
+    weft_status_t st = weft_allreduce(x, x, 4096, WEFT_FLOAT32, WEFT_SUM, comm);
+    if (weft_test_expect_status(rank, comm, "allreduce", st, WEFT_ERR_MISMATCH))
+        return 1;
+    if (!strstr(weft_last_error(comm), "weft_comm_set_algo"))
+        return weft_test_fail(rank, "the mismatch does not name the cause: %s",
+                              weft_last_error(comm));
+    _exit(0); /* destroy would report the failed communicator */
+}
+
+Test(measure, set_algo_that_differs_between_ranks_is_reported_3, .timeout = TIMEOUT_S)
+{
+    setenv("WEFT_TIMEOUT_MS", "30000", 1);
+    setenv("WEFT_CHECK", "1", 1);
+    setenv("WEFT_DEBUG", "NONE", 1);
+    cr_assert_eq(weft_test_run(3, TIMEOUT_S, set_algo_mismatch_body, NULL), 0,
+                 "see the rank messages above");
 }
