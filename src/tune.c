@@ -279,7 +279,7 @@ int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int n
     return best;
 }
 
-static int esize_index(size_t esize)
+int weft_tune_esize_index(size_t esize)
 {
     return esize >= 8 ? 3 : esize >= 4 ? 2 : esize >= 2 ? 1 : 0;
 }
@@ -327,7 +327,6 @@ static struct weft_tune_measure *measure_new(int coll, int e, int cls,
     m->coll = coll;
     m->esize_idx = e;
     m->cls = cls;
-    m->bytes = weft_tune_class_bytes(cls);
     m->ncand = k;
     m->reps = (int)WEFT_MIN(reps, WEFT_TUNE_MAX_REPS);
     for (int i = 0; i < k; i++) {
@@ -346,22 +345,37 @@ static struct weft_tune_in tune_in(struct weft_comm *comm, int coll)
     };
 }
 
+/* The size class of count elements of esize bytes. */
+static int class_of(size_t count, size_t esize)
+{
+    return weft_tune_class(count > SIZE_MAX / (esize ? esize : 1) ? SIZE_MAX : count * esize);
+}
+
+/* The plans comm allows for coll on class cls, best predicted first, with
+ * their predictions; 0 when there is nothing to choose (one rank, no
+ * element size). */
+static int class_plans(struct weft_comm *comm, int coll, int cls, size_t esize,
+                       struct weft_plan *plans, double *secs, bool *fell_back)
+{
+    struct weft_tune_in in = tune_in(comm, coll);
+    *fell_back = false;
+    if (comm->nranks < 2 || esize == 0)
+        return 0;
+    return candidates(&in, coll, weft_tune_class_bytes(cls), esize, plans, secs, fell_back);
+}
+
 int weft_tune_plans(struct weft_comm *comm, int coll, size_t count, size_t esize,
                     struct weft_plan *plans)
 {
-    struct weft_tune_in in = tune_in(comm, coll);
     double secs[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
-    size_t bytes = count > SIZE_MAX / (esize ? esize : 1) ? SIZE_MAX : count * esize;
-    size_t cb = weft_tune_class_bytes(weft_tune_class(bytes));
     bool fell_back;
-    int n = comm->nranks < 2 || esize == 0
-                ? 0
-                : candidates(&in, coll, cb, esize, plans, secs, &fell_back);
+    int cls = class_of(count, esize);
+    int n = class_plans(comm, coll, cls, esize, plans, secs, &fell_back);
     if (n == 0) {
         plans[0] = (struct weft_plan){WEFT_ALGO_RING, 0};
         return 1;
     }
-    int k = cb > 0 ? measured(secs, n) : 0;
+    int k = weft_tune_class_bytes(cls) > 0 ? measured(secs, n) : 0;
     return k >= 2 ? k : 1;
 }
 
@@ -369,8 +383,7 @@ struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, 
                                 struct weft_tune_ticket *tk)
 {
     struct weft_tune_cache *c = &comm->tune;
-    size_t bytes = count > SIZE_MAX / (esize ? esize : 1) ? SIZE_MAX : count * esize;
-    int cls = weft_tune_class(bytes), e = esize_index(esize);
+    int cls = class_of(count, esize), e = weft_tune_esize_index(esize);
     *tk = (struct weft_tune_ticket){.trial = -1};
     int32_t hit = atomic_load_explicit(&c->plan[coll][e][cls], memory_order_acquire);
     if (hit & 0x10000)
@@ -396,14 +409,11 @@ struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, 
     }
     pthread_mutex_unlock(&eng->mu);
 
-    struct weft_tune_in in = tune_in(comm, coll);
     struct weft_plan plans[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
     double secs[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
     size_t cb = weft_tune_class_bytes(cls);
-    bool fell_back = false;
-    int n = comm->nranks < 2 || esize == 0
-                ? 0
-                : candidates(&in, coll, cb, esize, plans, secs, &fell_back);
+    bool fell_back;
+    int n = class_plans(comm, coll, cls, esize, plans, secs, &fell_back);
     struct weft_plan pl = n > 0 ? plans[0] : (struct weft_plan){WEFT_ALGO_RING, 0};
     char name[32];
     if (fell_back && !atomic_exchange(&c->warned[coll], 1))
@@ -442,7 +452,7 @@ void weft_tune_record(struct weft_comm *comm, struct weft_tune_measure *m, const
     cache_store(&comm->tune, m->coll, m->esize_idx, m->cls, m->plan);
     atomic_store(&m->decided, 1);
     WEFT_INFO(WEFT_SUB_COLL, "%s of ~%zu bytes on %d ranks: %s (predicted %.1f us; measured "
-              "us: %s)", weft_coll_name(m->coll), m->bytes, comm->nranks,
+              "us: %s)", weft_coll_name(m->coll), weft_tune_class_bytes(m->cls), comm->nranks,
               weft_plan_name(m->plan, name, sizeof(name)), m->predicted[w] * 1e6, line);
 }
 

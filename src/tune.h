@@ -83,7 +83,6 @@ struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_
  * trials finish, `plan` final once `decided` is set. */
 struct weft_tune_measure {
     int coll, esize_idx, cls;                /* where it is in the cache */
-    size_t bytes;                            /* the class's bytes */
     int ncand, reps;                         /* trials = ncand * reps */
     struct weft_plan cand[WEFT_TUNE_MAX_CANDS]; /* best predicted first */
     double predicted[WEFT_TUNE_MAX_CANDS];   /* seconds */
@@ -128,6 +127,8 @@ void weft_tune_cache_free(struct weft_tune_cache *c) WEFT_HIDDEN;
 
 /* The size class of a byte count, and the byte count that stands for it. */
 int weft_tune_class(size_t bytes) WEFT_HIDDEN;
+/* The cache's index of an element size (1, 2, 4, 8 bytes). */
+int weft_tune_esize_index(size_t esize) WEFT_HIDDEN;
 size_t weft_tune_class_bytes(int cls) WEFT_HIDDEN;
 
 struct weft_comm;
