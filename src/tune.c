@@ -250,25 +250,41 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+int weft_tune_trial_cand(const struct weft_tune_measure *m, int i)
+{
+    return i / (m->reps / m->rounds) % m->ncand;
+}
+
 int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int nranks,
                      double *per_cand)
 {
-    int trials = m->ncand * m->reps, best = 0;
+    int trials = m->ncand * m->reps, run = m->reps / m->rounds, best = 0;
     double tbest = INFINITY;
     for (int c = 0; c < m->ncand; c++) {
-        /* Calls c * reps .. (c + 1) * reps - 1 ran candidate c back to
-         * back; the first absorbed the switch from the plan before. */
-        double tc = 0;
-        for (int k = 0; k < nranks; k++) {
-            double calls[WEFT_TUNE_MAX_REPS];
-            int n = 0;
-            for (int i = c * m->reps + (m->reps > 1); i < (c + 1) * m->reps; i++) {
-                double t = all[(size_t)k * (size_t)trials + (size_t)i];
-                if (isfinite(t))
-                    calls[n++] = t;
+        /* Round q ran candidate c as calls (q * ncand + c) * run onwards,
+         * run of them back to back; the first of them waited for the ranks
+         * to line up after the plan before (those that ran ahead wait for
+         * the last), which a loop of one plan does not pay. */
+        double rounds[WEFT_TUNE_MAX_REPS];
+        int nr = 0;
+        for (int q = 0; q < m->rounds; q++) {
+            int first = (q * m->ncand + c) * run;
+            double slowest = -1;
+            for (int k = 0; k < nranks; k++) {
+                double sum = 0;
+                int n = 0;
+                for (int i = first + (run > 1); i < first + run; i++) {
+                    double t = all[(size_t)k * (size_t)trials + (size_t)i];
+                    if (isfinite(t))
+                        sum += t, n++;
+                }
+                if (n > 0)
+                    slowest = fmax(slowest, sum / n);
             }
-            tc = fmax(tc, median(calls, n));
+            if (slowest >= 0)
+                rounds[nr++] = slowest;
         }
+        double tc = median(rounds, nr);
         if (per_cand)
             per_cand[c] = tc;
         if (tc < tbest) {
@@ -328,7 +344,10 @@ static struct weft_tune_measure *measure_new(int coll, int e, int cls,
     m->esize_idx = e;
     m->cls = cls;
     m->ncand = k;
-    m->reps = (int)WEFT_MIN(reps, WEFT_TUNE_MAX_REPS);
+    reps = WEFT_MIN(reps, WEFT_TUNE_MAX_REPS);
+    /* Up to 3 rounds of at least 2 calls; reps a multiple of the rounds. */
+    m->rounds = (int)WEFT_MAX(WEFT_MIN(reps / 2, 3), 1);
+    m->reps = (int)reps / m->rounds * m->rounds;
     for (int i = 0; i < k; i++) {
         m->cand[i] = plans[i];
         m->predicted[i] = secs[i];
@@ -401,7 +420,7 @@ struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, 
         if (atomic_load(&m->decided))
             pl = m->plan, tk->m = NULL;
         else if (i < trials)
-            pl = m->cand[i / m->reps], tk->trial = i;
+            pl = m->cand[weft_tune_trial_cand(m, i)], tk->trial = i;
         else
             tk->pending = true, tk->decide = i == trials;
         pthread_mutex_unlock(&eng->mu);
@@ -428,8 +447,8 @@ struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, 
         return pl;
     }
     WEFT_INFO(WEFT_SUB_COLL, "%s of ~%zu bytes on %d ranks: timing the %d best predicted "
-              "plans, %d calls each (WEFT_TUNE_TRIALS)", weft_coll_name(coll), cb,
-              comm->nranks, m->ncand, m->reps);
+              "plans, %d calls each in %d rounds (WEFT_TUNE_TRIALS)", weft_coll_name(coll), cb,
+              comm->nranks, m->ncand, m->reps, m->rounds);
     pthread_mutex_lock(&eng->mu);
     if (c->measure[coll][e][cls] == NULL)
         c->measure[coll][e][cls] = m;

@@ -65,8 +65,9 @@ struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_
  * Measured refinement (WEFT_TUNE_TRIALS > 0).  The model ranks the plans;
  * those predicted within WEFT_TUNE_SPREAD of the best (at most
  * WEFT_TUNE_CANDIDATES) are then timed on the caller's own first calls of
- * the size class: reps calls in a row each, call i running candidate
- * i / reps, for ncand * reps calls.  Every rank numbers its calls of a class alike (collectives are
+ * the size class: reps calls each, in `rounds` rounds in which every
+ * candidate runs reps / rounds calls in a row (weft_tune_trial_cand), for
+ * ncand * reps calls.  Every rank numbers its calls of a class alike (collectives are
  * called in one order everywhere), so every rank runs the same plan.  The
  * next call carries an exchange of every rank's times (an allgather the
  * engine runs before it, once every trial has finished), and from its
@@ -75,7 +76,7 @@ struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_
  */
 #define WEFT_TUNE_MAX_CANDS 8
 #define WEFT_TUNE_MAX_REPS 16
-#define WEFT_TUNE_BUDGET 2e-3 /* seconds of trials a class gets when WEFT_TUNE_TRIALS is -1 */
+#define WEFT_TUNE_BUDGET 10e-3 /* seconds of trials a class gets when WEFT_TUNE_TRIALS is -1 */
 #define WEFT_TUNE_SPREAD 4.0 /* candidates: predicted at most this x the best */
 
 /* One size class being measured.  Owner: the communicator's tune cache;
@@ -83,7 +84,7 @@ struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_
  * trials finish, `plan` final once `decided` is set. */
 struct weft_tune_measure {
     int coll, esize_idx, cls;                /* where it is in the cache */
-    int ncand, reps;                         /* trials = ncand * reps */
+    int ncand, reps, rounds;                 /* trials = ncand * reps; rounds divides reps */
     struct weft_plan cand[WEFT_TUNE_MAX_CANDS]; /* best predicted first */
     double predicted[WEFT_TUNE_MAX_CANDS];   /* seconds */
     int issued;                              /* calls of the class planned so far */
@@ -100,15 +101,22 @@ struct weft_tune_ticket {
     bool pending;                /* the plan is m's, once decided */
 };
 
+/* The candidate trial i of m runs. */
+int weft_tune_trial_cand(const struct weft_tune_measure *m, int i) WEFT_HIDDEN;
+
 /* The winner of m given every rank's trial times (nranks rows of ncand *
- * reps seconds, the layout of m->t).  A candidate's time is, on its slowest
- * rank, the median of its calls but the first of its run (which absorbed
- * the switch from the plan before: ranks arrive skewed by it): what a loop
- * of back-to-back calls takes a call, as the slowest rank sets the pace
- * (a root that sends and leaves is not the pace of a broadcast), and one
- * preempted call does not decide.  per_cand (may be NULL) gets them.
- * Times that are not finite are left out; ties go to the better
- * prediction.  Pure, so every rank computes the same. */
+ * reps seconds, the layout of m->t).  A candidate's time in a round is
+ * the mean of its run's calls but the first on the slowest rank, what a
+ * loop of back-to-back calls pays a call: the first of a run waits for the
+ * ranks to line up after the plan before, which a loop does not pay; the
+ * calls that wait for a descheduled peer now and then are part of it; and
+ * the slowest rank sets the pace (a broadcast's root that sends and leaves
+ * does not).
+ * Its time is the median over the rounds, so one preempted call does not
+ * decide; the rounds interleave the candidates, so a slow spell does not
+ * fall on one alone.  per_cand (may be NULL) gets them.  Times that are
+ * not finite are left out; ties go to the better prediction.  Pure, so
+ * every rank computes the same. */
 int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int nranks,
                      double *per_cand) WEFT_HIDDEN;
 

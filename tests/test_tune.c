@@ -137,30 +137,51 @@ Test(classes, two_per_octave_and_monotonic)
 
 static struct weft_tune_measure three_by_three(void)
 {
-    struct weft_tune_measure m = {.ncand = 3, .reps = 3};
+    struct weft_tune_measure m = {.ncand = 3, .reps = 3, .rounds = 1};
     for (int c = 0; c < 3; c++)
         m.cand[c] = (struct weft_plan){c, 0};
     return m;
 }
 
-Test(decide, slowest_rank_of_the_medians_of_each_run_after_its_first_call)
+Test(decide, trials_take_turns_in_rounds)
 {
-    struct weft_tune_measure m = three_by_three();
-    /* Two ranks; calls 0-2 ran candidate 0, 3-5 candidate 1, 6-8
-     * candidate 2.  Each run's first call does not count, however fast
-     * (candidate 2's 1) or slow (candidate 1's 90).  Medians of the rest
-     * per rank: c0 {10.5, 10}, c1 {8, 8}, c2 {9, 7}; the slower rank's
-     * decides, so candidate 1 wins although rank 1 alone would have picked
-     * candidate 2. */
-    const double all[2][9] = {{50, 10, 11, 90, 8, 8, 1, 9, 9}, {50, 10, 10, 90, 8, 8, 1, 7, 7}};
+    struct weft_tune_measure m = {.ncand = 3, .reps = 6, .rounds = 2};
+    const int want[18] = {0, 0, 0, 1, 1, 1, 2, 2, 2, 0, 0, 0, 1, 1, 1, 2, 2, 2};
+    for (int i = 0; i < 18; i++)
+        cr_expect_eq(weft_tune_trial_cand(&m, i), want[i], "trial %d", i);
+}
+
+Test(decide, slowest_rank_of_each_round_then_the_median_round)
+{
+    struct weft_tune_measure m = {.ncand = 2, .reps = 6, .rounds = 2};
+    /* Two ranks; round 0 ran candidate 0 as calls 0-2 and candidate 1 as
+     * 3-5, round 1 as 6-8 and 9-11.  A run's first call does not count,
+     * however slow (90, 50) or fast (1).  Means of the rest: rank 0 c0
+     * {11, 10}, c1 {9, 8}; rank 1 c0 {10, 11}, c1 {10, 9}.  Per round the
+     * slower rank: c0 {11, 11}, c1 {10, 9}; the median round: c0 11, c1
+     * 9.5, although rank 0's own numbers would have favoured c1 more and
+     * rank 1's c0 in round 0. */
+    const double all[2][12] = {{90, 10, 12, 90, 9, 9, 1, 10, 10, 1, 8, 8},
+                               {50, 10, 10, 50, 10, 10, 1, 10, 12, 1, 9, 9}};
     double per[WEFT_TUNE_MAX_CANDS];
     cr_expect_eq(weft_tune_decide(&m, &all[0][0], 2, per), 1);
-    cr_expect_float_eq(per[0], 10.5, 1e-12);
-    cr_expect_float_eq(per[1], 8.0, 1e-12);
-    cr_expect_float_eq(per[2], 9.0, 1e-12);
+    cr_expect_float_eq(per[0], 11.0, 1e-12);
+    cr_expect_float_eq(per[1], 9.5, 1e-12);
     /* Every rank computes the same from the same rows. */
     for (int i = 0; i < 5; i++)
         cr_expect_eq(weft_tune_decide(&m, &all[0][0], 2, NULL), 1);
+}
+
+Test(decide, a_wait_in_every_round_counts)
+{
+    /* Candidate 0's calls are 5 but every few waits 50 for a descheduled
+     * peer: a loop of it pays 20 a call, more than candidate 1's 12. */
+    struct weft_tune_measure m = {.ncand = 2, .reps = 8, .rounds = 2};
+    const double all[16] = {0, 5, 5, 50, 0, 12, 12, 12, 0, 5, 50, 5, 0, 12, 12, 12};
+    double per[WEFT_TUNE_MAX_CANDS];
+    cr_expect_eq(weft_tune_decide(&m, all, 1, per), 1);
+    cr_expect_float_eq(per[0], 20.0, 1e-12);
+    cr_expect_float_eq(per[1], 12.0, 1e-12);
 }
 
 Test(decide, ties_go_to_the_better_prediction)
@@ -174,9 +195,9 @@ Test(decide, ties_go_to_the_better_prediction)
 
 Test(decide, one_preempted_call_does_not_decide)
 {
-    struct weft_tune_measure m = {.ncand = 2, .reps = 4};
+    struct weft_tune_measure m = {.ncand = 2, .reps = 9, .rounds = 3};
     /* Candidate 0 is faster but one of its calls was preempted (500). */
-    const double all[8] = {9, 5, 500, 5, 9, 6, 6, 6};
+    const double all[18] = {9, 5, 500, 9, 6, 6, 9, 5, 5, 9, 6, 6, 9, 5, 5, 9, 6, 6};
     double per[WEFT_TUNE_MAX_CANDS];
     cr_expect_eq(weft_tune_decide(&m, all, 1, per), 0);
     cr_expect_float_eq(per[0], 5.0, 1e-12);
@@ -185,7 +206,7 @@ Test(decide, one_preempted_call_does_not_decide)
 
 Test(decide, one_call_a_candidate_counts_that_call)
 {
-    struct weft_tune_measure m = {.ncand = 2, .reps = 1};
+    struct weft_tune_measure m = {.ncand = 2, .reps = 1, .rounds = 1};
     const double all[2] = {7, 6};
     double per[WEFT_TUNE_MAX_CANDS];
     cr_expect_eq(weft_tune_decide(&m, all, 1, per), 1);

@@ -15,7 +15,7 @@
 #include "harness.h"
 #include "tune.h"
 
-#define CALLS 24 /* more than the trials (at most 6 candidates x 3 here) and the exchange */
+#define CALLS 24 /* more than the trials (6 candidates x 3, or 3 x 6, here) and the exchange */
 #define TIMEOUT_S 120
 
 enum mode { BLOCKING, BURST, GROUP };
@@ -151,10 +151,14 @@ static int settle_body(weft_comm_t comm, int rank, int p, void *arg)
     return 0;
 }
 
-static void settle(int p, enum mode mode, const char *transport, const char *check)
+/* rounds: 1, each candidate's 3 calls in one run; 3, three candidates 6
+ * calls each in 3 rounds of 2 (18 trials). */
+static void settle(int p, enum mode mode, const char *transport, const char *check, int rounds)
 {
     setenv("WEFT_TIMEOUT_MS", "30000", 1);
-    setenv("WEFT_TUNE_TRIALS", "3", 1);
+    setenv("WEFT_TUNE_TRIALS", rounds > 1 ? "6" : "3", 1);
+    if (rounds > 1)
+        setenv("WEFT_TUNE_CANDIDATES", "3", 1);
     if (transport)
         setenv("WEFT_TRANSPORT", transport, 1);
     if (check) {
@@ -165,11 +169,13 @@ static void settle(int p, enum mode mode, const char *transport, const char *che
                  "see the rank messages above");
 }
 
-Test(measure, blocking_3, .timeout = TIMEOUT_S) { settle(3, BLOCKING, NULL, NULL); }
-Test(measure, in_flight_together_5, .timeout = TIMEOUT_S) { settle(5, BURST, NULL, NULL); }
-Test(measure, in_a_group_4, .timeout = TIMEOUT_S) { settle(4, GROUP, NULL, NULL); }
-Test(measure, with_fingerprints_4, .timeout = TIMEOUT_S) { settle(4, BURST, NULL, "1"); }
-Test(measure, over_tcp_3, .timeout = TIMEOUT_S) { settle(3, BLOCKING, "tcp", NULL); }
+Test(measure, blocking_3, .timeout = TIMEOUT_S) { settle(3, BLOCKING, NULL, NULL, 1); }
+Test(measure, blocking_in_rounds_3, .timeout = TIMEOUT_S) { settle(3, BLOCKING, NULL, NULL, 3); }
+Test(measure, in_flight_together_5, .timeout = TIMEOUT_S) { settle(5, BURST, NULL, NULL, 1); }
+Test(measure, in_flight_in_rounds_4, .timeout = TIMEOUT_S) { settle(4, BURST, NULL, NULL, 3); }
+Test(measure, in_a_group_4, .timeout = TIMEOUT_S) { settle(4, GROUP, NULL, NULL, 1); }
+Test(measure, with_fingerprints_4, .timeout = TIMEOUT_S) { settle(4, BURST, NULL, "1", 3); }
+Test(measure, over_tcp_3, .timeout = TIMEOUT_S) { settle(3, BLOCKING, "tcp", NULL, 1); }
 
 /* WEFT_TUNE_TRIALS=0: the model's plan at once, nothing measured. */
 static int off_body(weft_comm_t comm, int rank, int p, void *arg)
