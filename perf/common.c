@@ -139,8 +139,9 @@ static void perf_usage(const perf_coll_t *coll, FILE *f)
             "  -i, --stepbytes SIZE     increment between sizes (default 1M)\n"
             "  -f, --stepfactor N       multiply sizes by N instead (default 1: use -i)\n"
             "  -n, --iters N            timed iterations per size (default 20)\n"
-            "  -w, --warmup_iters N     untimed iterations before each size (default 20: the\n"
-            "                           automatic choice times its candidates on these)\n"
+            "  -w, --warmup_iters N     untimed iterations before each size (default 100 up\n"
+            "                           to 512K, 30 above: the automatic choice times its\n"
+            "                           candidates on the first calls of each size)\n"
             "  -c, --check 0/1          check every result exactly (default 1)\n"
             "  -d, --datatype T         int8 uint8 int32 uint32 int64 uint64 half float\n"
             "                           double bfloat16 (or float16 float32 float64 bf16), all\n"
@@ -178,7 +179,7 @@ static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_
     o->stepbytes = 1u << 20;
     o->stepfactor = 1;
     o->iters = 20;
-    o->warmup = 20;
+    o->warmup = -1; /* perf_warmup */
     o->check = 1;
     o->dtype = WEFT_FLOAT32;
     o->op = WEFT_SUM;
@@ -353,6 +354,13 @@ static void perf_outputs(perf_ctx_t *ctx, const perf_layout_t *l, int root, int6
     }
 }
 
+/* -w, or by size: the automatic choice's trials are up to 6 x 15 calls
+ * where a call is predicted under ~0.3 ms, 6 x 4 above. */
+static int perf_warmup(const perf_ctx_t *ctx, size_t bytes)
+{
+    return ctx->opt.warmup >= 0 ? ctx->opt.warmup : bytes <= (512u << 10) ? 100 : 30;
+}
+
 /* The plans to time: -A's communicators, or comm alone. */
 static int perf_nplans(const perf_ctx_t *ctx)
 {
@@ -380,8 +388,9 @@ static weft_status_t perf_time(perf_ctx_t *ctx, const perf_call_t *call, double 
     const perf_coll_t *coll = ctx->coll;
     int np = perf_nplans(ctx), rounds = ctx->opt.rounds;
     double t[PERF_MAX_PLANS][PERF_MAX_ROUNDS];
+    int warmup = perf_warmup(ctx, call->count * weft_dtype_size(call->dtype));
     for (int i = 0; i < np; i++)
-        for (int k = 0; k < ctx->opt.warmup; k++)
+        for (int k = 0; k < warmup; k++)
             PERF_CHECK(ctx, coll->name, coll->run(call, perf_plan_comm(ctx, i)));
     uint64_t draw = 0x9e3779b97f4a7c15ull ^ call->count;
     for (int r = 0; r < rounds; r++) {
@@ -582,9 +591,12 @@ static weft_status_t perf_header(perf_ctx_t *ctx)
             snprintf(step, sizeof(step), "%zu(bytes)", o->stepbytes);
         printf("# weft %d.%d.%d %s_perf\n", WEFT_VERSION_MAJOR, WEFT_VERSION_MINOR,
                WEFT_VERSION_PATCH, ctx->coll->name);
-        printf("# nRanks %d minBytes %zu maxBytes %zu step: %s warmup iters: %d iters: %d "
+        char warm[24] = "auto";
+        if (o->warmup >= 0)
+            snprintf(warm, sizeof(warm), "%d", o->warmup);
+        printf("# nRanks %d minBytes %zu maxBytes %zu step: %s warmup iters: %s iters: %d "
                "validation: %d blocking: %d algo: %s\n",
-               ctx->nranks, o->minbytes, o->maxbytes, step, o->warmup, o->iters, o->check,
+               ctx->nranks, o->minbytes, o->maxbytes, step, warm, o->iters, o->check,
                o->blocking, algo && *algo ? algo : "default");
         if (ctx->nplans || o->rounds > 1)
             printf("# plans: %s (each on a communicator of its own) rounds: %d\n",
