@@ -794,12 +794,6 @@ weft_status_t weft_comm_set_deterministic(weft_comm_t comm, int on)
     return WEFT_OK;
 }
 
-void weft_comm_inherit(struct weft_comm *child, struct weft_comm *parent)
-{
-    atomic_store(&child->deterministic, atomic_load(&parent->deterministic));
-    memcpy(child->algos, parent->algos, sizeof(child->algos));
-}
-
 /* ---- memory registration --------------------------------------------------------- */
 
 struct reg_call {

@@ -94,9 +94,6 @@ bool weft_comm_acquire(struct weft_comm *comm) WEFT_HIDDEN;
 void weft_comm_release(struct weft_comm *comm) WEFT_HIDDEN;
 /* True when comm is a live communicator (created and not yet destroyed). */
 bool weft_comm_valid(struct weft_comm *comm) WEFT_HIDDEN;
-/* A child of split or shrink takes its parent's deterministic mode and
- * algorithms (weft_comm_set_deterministic, weft_comm_set_algo). */
-void weft_comm_inherit(struct weft_comm *child, struct weft_comm *parent) WEFT_HIDDEN;
 const char *weft_thread_last_error(void) WEFT_HIDDEN;
 /* Copies comm's last error into buf (thread-safe); returns buf. */
 const char *weft_comm_last_error_copy(struct weft_comm *comm, char *buf, size_t len) WEFT_HIDDEN;

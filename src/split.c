@@ -71,6 +71,14 @@ static void make_offer(struct weft_comm *parent, struct child_offer *offer)
     weft_uid_hold_listener(uid.job, fd);
 }
 
+/* A child of split or shrink takes its parent's deterministic mode and
+ * algorithms (weft_comm_set_deterministic, weft_comm_set_algo). */
+static void inherit(struct weft_comm *child, struct weft_comm *parent)
+{
+    atomic_store(&child->deterministic, atomic_load(&parent->deterministic));
+    memcpy(child->algos, parent->algos, sizeof(child->algos));
+}
+
 /* Every member: joins the group its leader offered. */
 static weft_status_t join_offer(struct weft_comm *parent, const char *fn, uint32_t seq,
                                 int32_t color, int leader, const struct child_offer *offer,
@@ -88,7 +96,7 @@ static weft_status_t join_offer(struct weft_comm *parent, const char *fn, uint32
     if (st != WEFT_OK)
         weft_error_quiet(parent, st, "%s: %s", fn, weft_thread_last_error());
     else /* every member's parent has the same settings, so the children agree */
-        weft_comm_inherit(*out, parent);
+        inherit(*out, parent);
     return st;
 }
 
@@ -205,7 +213,7 @@ static weft_status_t shrink_acquired(struct weft_comm *comm, const bool *gone,
     }
     weft_status_t st = weft_comm_create(newcomm, n, &uid, newrank);
     if (st == WEFT_OK)
-        weft_comm_inherit(*newcomm, comm);
+        inherit(*newcomm, comm);
     if (st != WEFT_OK) {
         weft_error_quiet(comm, st, "%s: %s", fn, weft_thread_last_error());
         int left = leader == comm->rank ? weft_uid_take_listener(uid.job) : -1;

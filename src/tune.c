@@ -265,7 +265,7 @@ int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int n
          * run of them back to back; the first of them waited for the ranks
          * to line up after the plan before (those that ran ahead wait for
          * the last), which a loop of one plan does not pay. */
-        double rounds[WEFT_TUNE_MAX_REPS];
+        double rounds[WEFT_TUNE_MAX_ROUNDS];
         int nr = 0;
         for (int q = 0; q < m->rounds; q++) {
             int first = (q * m->ncand + c) * run;
@@ -345,8 +345,8 @@ static struct weft_tune_measure *measure_new(int coll, int e, int cls,
     m->cls = cls;
     m->ncand = k;
     reps = WEFT_MIN(reps, WEFT_TUNE_MAX_REPS);
-    /* Up to 3 rounds of at least 2 calls; reps a multiple of the rounds. */
-    m->rounds = (int)WEFT_MAX(WEFT_MIN(reps / 2, 3), 1);
+    /* Rounds of at least 2 calls; reps a multiple of the rounds. */
+    m->rounds = (int)WEFT_MAX(WEFT_MIN(reps / 2, WEFT_TUNE_MAX_ROUNDS), 1);
     m->reps = (int)reps / m->rounds * m->rounds;
     for (int i = 0; i < k; i++) {
         m->cand[i] = plans[i];

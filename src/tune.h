@@ -67,8 +67,9 @@ struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_
  * WEFT_TUNE_CANDIDATES) are then timed on the caller's own first calls of
  * the size class: reps calls each, in `rounds` rounds in which every
  * candidate runs reps / rounds calls in a row (weft_tune_trial_cand), for
- * ncand * reps calls.  Every rank numbers its calls of a class alike (collectives are
- * called in one order everywhere), so every rank runs the same plan.  The
+ * ncand * reps calls.  Every rank numbers its calls of a class alike
+ * (collectives are called in one order everywhere), so every rank runs the
+ * same plan.  The
  * next call carries an exchange of every rank's times (an allgather the
  * engine runs before it, once every trial has finished), and from its
  * result every rank computes the same winner; that call and the ones
@@ -76,6 +77,7 @@ struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_
  */
 #define WEFT_TUNE_MAX_CANDS 8
 #define WEFT_TUNE_MAX_REPS 16
+#define WEFT_TUNE_MAX_ROUNDS 3
 #define WEFT_TUNE_BUDGET 10e-3 /* seconds of trials a class gets when WEFT_TUNE_TRIALS is -1 */
 #define WEFT_TUNE_SPREAD 4.0 /* candidates: predicted at most this x the best */
 
@@ -135,9 +137,9 @@ void weft_tune_cache_free(struct weft_tune_cache *c) WEFT_HIDDEN;
 
 /* The size class of a byte count, and the byte count that stands for it. */
 int weft_tune_class(size_t bytes) WEFT_HIDDEN;
+size_t weft_tune_class_bytes(int cls) WEFT_HIDDEN;
 /* The cache's index of an element size (1, 2, 4, 8 bytes). */
 int weft_tune_esize_index(size_t esize) WEFT_HIDDEN;
-size_t weft_tune_class_bytes(int cls) WEFT_HIDDEN;
 
 struct weft_comm;
 /* The plan for one call on comm (cached; the first call of a class runs the

@@ -21,7 +21,6 @@
 enum mode { BLOCKING, BURST, GROUP };
 
 static const size_t counts[] = {2, 16384, 262144}; /* floats: 8 B, 64 KiB, 1 MiB */
-#define F32 2 /* weft_tune_esize_index(4) */
 
 /* Call k's input on rank r: small integers, so any order of sums is exact. */
 static float input(int r, int k, size_t j)
@@ -187,12 +186,12 @@ static int off_body(weft_comm_t comm, int rank, int p, void *arg)
         int cls = weft_tune_class(counts[i] * 4);
         struct weft_plan plans[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
         int n = weft_tune_plans(comm, WEFT_COLL_ALLREDUCE, counts[i], 4, plans);
-        int32_t got = atomic_load(&comm->tune.plan[WEFT_COLL_ALLREDUCE][F32][cls]);
-        if (n != 1 || comm->tune.measure[WEFT_COLL_ALLREDUCE][F32][cls] != NULL ||
+        int32_t got = atomic_load(&comm->tune.plan[WEFT_COLL_ALLREDUCE][weft_tune_esize_index(4)][cls]);
+        if (n != 1 || comm->tune.measure[WEFT_COLL_ALLREDUCE][weft_tune_esize_index(4)][cls] != NULL ||
             got != (0x10000 | plans[0].variant << 8 | plans[0].algo))
             return weft_test_fail(rank, "%zu floats: %d candidates, plan 0x%x, measured %s",
                                   counts[i], n, (unsigned)got,
-                                  comm->tune.measure[WEFT_COLL_ALLREDUCE][F32][cls] ? "yes" : "no");
+                                  comm->tune.measure[WEFT_COLL_ALLREDUCE][weft_tune_esize_index(4)][cls] ? "yes" : "no");
     }
     return 0;
 }
@@ -282,15 +281,15 @@ static int set_algo_body(weft_comm_t comm, int rank, int p, void *arg)
     if (fails)
         return 1;
     int cls = weft_tune_class(count * 4);
-    if (atomic_load(&comm->tune.plan[WEFT_COLL_ALLREDUCE][F32][cls]) != 0 ||
-        comm->tune.measure[WEFT_COLL_ALLREDUCE][F32][cls] != NULL)
+    if (atomic_load(&comm->tune.plan[WEFT_COLL_ALLREDUCE][weft_tune_esize_index(4)][cls]) != 0 ||
+        comm->tune.measure[WEFT_COLL_ALLREDUCE][weft_tune_esize_index(4)][cls] != NULL)
         return weft_test_fail(rank, "the choice made before weft_comm_set_algo was kept");
     if (only_plan(comm, count) != doubling)
         return weft_test_fail(rank, "after set_algo(rhd/doubling): plan 0x%x", only_plan(comm, count));
     if (run_calls(comm, rank, p, BLOCKING, count) ||
         check_settled(comm, rank, p, WEFT_COLL_ALLREDUCE, count, 4))
         return 1;
-    if ((atomic_load(&comm->tune.plan[WEFT_COLL_ALLREDUCE][F32][cls]) & 0xffff) != doubling)
+    if ((atomic_load(&comm->tune.plan[WEFT_COLL_ALLREDUCE][weft_tune_esize_index(4)][cls]) & 0xffff) != doubling)
         return weft_test_fail(rank, "allreduce did not run rhd/doubling");
 
     /* Refusals change nothing. */
