@@ -142,6 +142,14 @@ weft_status_t weft_check_verify(struct weft_comm *comm, const struct weft_finger
                           "weft_comm_set_deterministic differ between ranks)%s",
                           me, seq, describe(ref, false, a, sizeof(a)), ordered0 ? "on" : "off",
                           ordered1 ? "on" : "off", first, others);
+    bool run0 = ref->algo >> 13 & 1, run1 = odd->algo >> 13 & 1;
+    if (call_equal(ref, odd) && (ref->algo & 0xfff) == (odd->algo & 0xfff) && run0 != run1)
+        return weft_error(comm, WEFT_ERR_MISMATCH,
+                          "rank %d: collective mismatch at collective #%llu, %s: rank %d times "
+                          "plans for its size class here and rank %d does not (WEFT_ALGO, "
+                          "weft_comm_set_algo or WEFT_TUNE_* differ between ranks)%s",
+                          me, seq, describe(ref, false, a, sizeof(a)), run0 ? 0 : first,
+                          run0 ? first : 0, others);
     if (call_equal(ref, odd))
         return weft_error(comm, WEFT_ERR_MISMATCH,
                           "rank %d: collective mismatch at collective #%llu, %s: rank 0 runs it "

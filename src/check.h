@@ -16,7 +16,8 @@
  * One rank's description of one collective call, sent as is (48 bytes, no
  * padding; every rank of a job shares the byte order).  The first group is
  * the call; algo and chunk are the plan the engine derived from it, which
- * differs between ranks only when their WEFT_ALGO or WEFT_CHUNK_SIZE do.
+ * differs between ranks only when their WEFT_ALGO, weft_comm_set_algo,
+ * WEFT_CHUNK_SIZE or WEFT_TUNE_* do.
  */
 struct weft_fingerprint {
     uint32_t magic;   /* WEFT_FP_MAGIC */
@@ -24,7 +25,8 @@ struct weft_fingerprint {
     int32_t dtype;    /* weft_dtype_t */
     int32_t op;       /* weft_op_t; 0 where the collective does not reduce */
     int32_t root;     /* 0 where the collective has no root */
-    int32_t algo;     /* enum weft_algo | variant << 8 | ordered << 12 */
+    int32_t algo;     /* enum weft_algo | variant << 8 | ordered << 12 | starts a
+                         run of trials (a barrier follows the check) << 13 */
     uint64_t seq;     /* collectives issued on the communicator before this one */
     uint64_t count;   /* elements, as passed to the call */
     uint64_t chunk;   /* bytes one pipelined step carries */

@@ -42,10 +42,11 @@ static void activate(struct weft_engine *eng)
 
 static void finish(struct weft_engine *eng, struct weft_op *op, weft_status_t st)
 {
-    if (op->kind == OP_USER && st == WEFT_OK) {
+    if ((op->kind == OP_USER || op->kind == OP_SYNC) && st == WEFT_OK) {
         /* A trial's time: from when it started, or from when the op before
-         * it finished if that was later (ops in flight together share the
-         * links; each is charged what it added). */
+         * it (or the barrier before its run) finished if that was later
+         * (ops in flight together share the links; each is charged what it
+         * added). */
         uint64_t now = weft_now_ns();
         if (op->trial >= 0)
             op->tm->t[op->trial] = (double)(now - WEFT_MAX(op->t0, eng->last_finish_ns)) * 1e-9;
@@ -327,6 +328,9 @@ static const char *coll_label(const struct weft_op *op, char *buf, size_t len)
     else if (op->kind == OP_TUNE)
         snprintf(buf, len, "the trial-time exchange (WEFT_TUNE_TRIALS) before %s #%llu",
                  weft_coll_name(op->tm->coll), (unsigned long long)op->seq);
+    else if (op->kind == OP_SYNC)
+        snprintf(buf, len, "the barrier before a run of trials (WEFT_TUNE_TRIALS) of %s #%llu",
+                 weft_coll_name(op->tm->coll), (unsigned long long)op->seq);
     else
         snprintf(buf, len, "%s #%llu (count %zu, %s)", weft_coll_name(op->a.coll),
                  (unsigned long long)op->seq, op->a.count, weft_dtype_name(op->a.dtype));
@@ -417,8 +421,12 @@ static weft_status_t drive_once(struct weft_engine *eng, bool *changed)
     struct weft_comm *comm = eng->comm;
     activate(eng);
     for (struct weft_op *op = eng->active; op; op = op->next) {
-        if (op->started)
+        /* Nothing starts behind a trial barrier until it has retired. */
+        if (op->started) {
+            if (op->kind == OP_SYNC)
+                break;
             continue;
+        }
         /* Started in order; what follows an op that may not start yet
          * waits (post_ready stops there anyway). */
         if (op->pending) {
@@ -426,14 +434,21 @@ static weft_status_t drive_once(struct weft_engine *eng, bool *changed)
                 break;
             WEFT_CHECK(weft_engine_op_plan(eng, op));
         }
-        if (op->kind == OP_TUNE) {
-            /* Our times are final once every op before it has retired. */
+        if (op->kind == OP_TUNE || op->kind == OP_SYNC) {
+            /* Our times are final, and the calls before a run of trials
+             * are over here, once every op before it has retired.  (A send
+             * or receive among them waits at most for an op its peer
+             * issued before the same barrier: a pair's messages match in
+             * issue order.) */
             if (op != eng->active)
                 break;
-            memcpy(op->times + op->a.count * (size_t)comm->rank, op->tm->t,
-                   op->a.count * sizeof(double));
+            if (op->kind == OP_TUNE)
+                memcpy(op->times + op->a.count * (size_t)comm->rank, op->tm->t,
+                       op->a.count * sizeof(double));
         }
         WEFT_CHECK(start_op(eng, op));
+        if (op->kind == OP_SYNC)
+            break;
     }
     WEFT_CHECK(post_ready(eng, changed));
     if (eng->active)
@@ -577,21 +592,22 @@ void weft_engine_submit(struct weft_comm *comm, struct weft_op *op, bool backgro
     op->seq = eng->next_seq++;
     eng->stats.ops++;
     struct weft_op *tune = op->tune_pre, *pre = op->pre;
-    if (tune) {
-        /* The trial-time exchange first: the engine owns it from here. */
-        op->tune_pre = NULL;
-        tune->seq = op->seq;
-        enqueue(eng, tune);
-    }
     if (pre) {
-        /* The exchange goes first, under the same number; the engine owns
-         * it from here. */
+        /* The fingerprint exchange goes first, under the same number (it
+         * also tells whether a barrier or trial-time exchange follows);
+         * the engine owns it from here. */
         op->pre = NULL;
         pre->seq = op->seq;
         pre->fps[comm->rank].seq = eng->coll_seq++;
         op->gated = true;
         eng->stats.checks++;
         enqueue(eng, pre);
+    }
+    if (tune) {
+        /* Then the trial barrier or trial-time exchange. */
+        op->tune_pre = NULL;
+        tune->seq = op->seq;
+        enqueue(eng, tune);
     }
     enqueue(eng, op);
     if (background && !eng->thread_started && !eng->stop) {

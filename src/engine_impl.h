@@ -31,10 +31,11 @@ struct sched_entry {
 };
 
 /* What an op is: a caller's operation, (WEFT_CHECK=1) the fingerprint
- * exchange the engine runs before a caller's collective, or the exchange
- * of trial times that ends a measurement (tune.h).  The last two have no
- * waiter: the engine frees them when they retire or fail. */
-enum op_kind { OP_USER = 0, OP_CHECK, OP_TUNE };
+ * exchange the engine runs before a caller's collective, the exchange of
+ * trial times that ends a measurement (tune.h), or the barrier before each
+ * run of trials.  The last three have no waiter: the engine frees them
+ * when they retire or fail. */
+enum op_kind { OP_USER = 0, OP_CHECK, OP_TUNE, OP_SYNC };
 
 struct weft_tune_measure;
 
@@ -91,12 +92,14 @@ struct weft_op {
 
     /* Measured selection (tune.h): a trial records its time in tm->t; a
      * pending op has no schedule (s == NULL) until tm is decided; a tune
-     * op (OP_TUNE) allgathers tm's times. */
+     * op (OP_TUNE) allgathers tm's times; a sync op (OP_SYNC) starts once
+     * every op before it has retired, and ends once every rank's has. */
     struct weft_tune_measure *tm;
     int trial;                   /* >= 0: this op is that trial of tm */
     bool pending;
     struct weft_op *tune_pre;    /* user op from op_new to submit: its tune op */
-    double *times;               /* tune op: (cap_times) every rank's trial times */
+    double *times;               /* tune op: (cap_times) every rank's trial times;
+                                    sync op: one per rank */
     size_t cap_times;
 
     /* WEFT_CHECK=1 only. */
@@ -139,7 +142,7 @@ struct weft_engine {
     int spin_us;
     bool yield;                      /* spin with sched_yield: more ranks than cores */
     uint64_t last_event_ns;
-    uint64_t last_finish_ns;         /* when the last user op finished */
+    uint64_t last_finish_ns;         /* when the last user or sync op finished */
     struct self_send *selfq;         /* sends to ourselves not yet received */
     size_t selfq_head, selfq_n, selfq_cap;
 

@@ -287,7 +287,9 @@ static weft_status_t check_op_new(struct weft_comm *comm, struct weft_op *op,
     WEFT_CHECK(op_reserve(c, c->s->nsteps));
     memset(c->st, ST_PENDING, c->s->nsteps);
     memset(c->fps, 0, (size_t)comm->nranks * sizeof(*c->fps));
-    weft_fp_fill(&c->fps[comm->rank], &op->a, d->algo | d->variant << 8 | (d->ordered != 0) << 12,
+    bool run = op->tune_pre && op->tune_pre->kind == OP_SYNC;
+    weft_fp_fill(&c->fps[comm->rank], &op->a,
+                 d->algo | d->variant << 8 | (d->ordered != 0) << 12 | run << 13,
                  d->chunk * op->esize);
     c->a.sendbuf = &c->fps[comm->rank];
     c->a.recvbuf = c->fps;
@@ -325,16 +327,23 @@ static weft_status_t op_set_sched(struct weft_engine *eng, struct weft_op *op,
     return WEFT_OK;
 }
 
-/* Gives the user op (the call that ends m's trials) the tune op that
- * allgathers every rank's trial times; the engine fills ours in once every
- * trial has finished. */
-static weft_status_t tune_op_new(struct weft_comm *comm, struct weft_op *op,
-                                 struct weft_tune_measure *m)
+/* Gives the user op an op of the engine's own that allgathers per_rank
+ * doubles of every rank, out of its `times`, under plan algo, and runs
+ * once every op before it has retired:
+ *  - OP_TUNE, before the call that ends m's trials: every rank's trial
+ *    times, ours filled in by the engine;
+ *  - OP_SYNC, before the first trial of each run: a barrier, so that no
+ *    rank starts the run while another still works on the plan before (a
+ *    rooted collective's root runs ahead through the transports' buffers,
+ *    and would hand its backlog to the next plan's trials). */
+static weft_status_t exchange_op_new(struct weft_comm *comm, struct weft_op *op,
+                                     struct weft_tune_measure *m, uint8_t kind, size_t per_rank,
+                                     int algo, const char *what)
 {
-    size_t trials = (size_t)(m->ncand * m->reps), need = trials * (size_t)comm->nranks;
-    struct weft_op_args ta = {.coll = WEFT_COLL_ALLGATHER, .count = trials,
+    size_t need = per_rank * (size_t)comm->nranks;
+    struct weft_op_args ta = {.coll = WEFT_COLL_ALLGATHER, .count = per_rank,
                               .dtype = WEFT_FLOAT64, .op = WEFT_SUM};
-    struct weft_op *t = pre_op_get(comm, op, &ta, OP_TUNE, "a trial-time exchange");
+    struct weft_op *t = pre_op_get(comm, op, &ta, kind, what);
     if (t == NULL)
         return WEFT_ERR_NO_MEMORY;
     t->tm = m;
@@ -343,13 +352,14 @@ static weft_status_t tune_op_new(struct weft_comm *comm, struct weft_op *op,
         t->cap_times = 0;
         t->times = calloc(need, sizeof(double));
         if (t->times == NULL)
-            return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate %zu trial times", need);
+            return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate %s of %zu doubles",
+                              what, need);
         t->cap_times = need;
     }
-    t->a.sendbuf = t->times + (size_t)comm->rank * trials;
+    t->a.sendbuf = t->times + (size_t)comm->rank * per_rank;
     t->a.recvbuf = t->times;
     struct weft_coll_desc d;
-    coll_desc(comm, t, WEFT_ALGO_RING, 0, &d);
+    coll_desc(comm, t, algo, 0, &d);
     return op_set_sched(comm->eng, t, &d);
 }
 
@@ -406,7 +416,10 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
              * for the same decision at the same call. */
             coll_desc(comm, op, tk.pending ? WEFT_ALGO_COUNT : pl.algo, pl.variant, &d);
             if (tk.decide)
-                st = tune_op_new(comm, op, tk.m);
+                st = exchange_op_new(comm, op, tk.m, OP_TUNE, (size_t)(tk.m->ncand * tk.m->reps),
+                                     WEFT_ALGO_RING, "a trial-time exchange");
+            else if (tk.sync)
+                st = exchange_op_new(comm, op, tk.m, OP_SYNC, 1, WEFT_ALGO_RHD, "a trial barrier");
             if (st == WEFT_OK && !tk.pending)
                 st = op_set_sched(eng, op, &d);
         }

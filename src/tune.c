@@ -262,9 +262,9 @@ int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int n
     double tbest = INFINITY;
     for (int c = 0; c < m->ncand; c++) {
         /* Round q ran candidate c as calls (q * ncand + c) * run onwards,
-         * run of them back to back; the first of them waited for the ranks
-         * to line up after the plan before (those that ran ahead wait for
-         * the last), which a loop of one plan does not pay. */
+         * run of them back to back behind a barrier; the first of them
+         * carries the barrier's catch-up and the pipeline's fill, which a
+         * loop of one plan pays once. */
         double rounds[WEFT_TUNE_MAX_ROUNDS];
         int nr = 0;
         for (int q = 0; q < m->rounds; q++) {
@@ -335,7 +335,7 @@ static struct weft_tune_measure *measure_new(int coll, int e, int cls,
          * cheap, long ones steady and dear. */
         double per = WEFT_TUNE_BUDGET / (k * secs[0]);
         reps = per >= WEFT_TUNE_MAX_REPS ? WEFT_TUNE_MAX_REPS : (int64_t)per;
-        reps = WEFT_MAX(reps, 4);
+        reps = WEFT_MAX(reps, 2 * WEFT_TUNE_MAX_ROUNDS);
     }
     struct weft_tune_measure *m = calloc(1, sizeof(*m));
     if (m == NULL)
@@ -420,7 +420,8 @@ struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, 
         if (atomic_load(&m->decided))
             pl = m->plan, tk->m = NULL;
         else if (i < trials)
-            pl = m->cand[weft_tune_trial_cand(m, i)], tk->trial = i;
+            pl = m->cand[weft_tune_trial_cand(m, i)], tk->trial = i,
+            tk->sync = i % (m->reps / m->rounds) == 0;
         else
             tk->pending = true, tk->decide = i == trials;
         pthread_mutex_unlock(&eng->mu);

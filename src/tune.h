@@ -67,16 +67,18 @@ struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_
  * WEFT_TUNE_CANDIDATES) are then timed on the caller's own first calls of
  * the size class: reps calls each, in `rounds` rounds in which every
  * candidate runs reps / rounds calls in a row (weft_tune_trial_cand), for
- * ncand * reps calls.  Every rank numbers its calls of a class alike
- * (collectives are called in one order everywhere), so every rank runs the
- * same plan.  The
- * next call carries an exchange of every rank's times (an allgather the
+ * ncand * reps calls; the first call of each run carries a barrier (an op
+ * the engine runs before it, once every earlier op has finished, holding
+ * back every later one), so that no rank's backlog from one plan lands on
+ * the next.  Every rank numbers its calls of a class alike (collectives
+ * are called in one order everywhere), so every rank runs the same plan.
+ * The next call carries an exchange of every rank's times (an allgather the
  * engine runs before it, once every trial has finished), and from its
  * result every rank computes the same winner; that call and the ones
  * queued behind it wait for it.
  */
 #define WEFT_TUNE_MAX_CANDS 8
-#define WEFT_TUNE_MAX_REPS 16
+#define WEFT_TUNE_MAX_REPS 24
 #define WEFT_TUNE_MAX_ROUNDS 3
 #define WEFT_TUNE_BUDGET 10e-3 /* seconds of trials a class gets when WEFT_TUNE_TRIALS is -1 */
 #define WEFT_TUNE_SPREAD 4.0 /* candidates: predicted at most this x the best */
@@ -100,6 +102,7 @@ struct weft_tune_ticket {
     struct weft_tune_measure *m; /* NULL: the plan returned is final */
     int trial;                   /* >= 0: this call is that trial of m */
     bool decide;                 /* this call carries the exchange of m's times */
+    bool sync;                   /* this trial starts a run: a barrier goes first */
     bool pending;                /* the plan is m's, once decided */
 };
 
@@ -109,8 +112,8 @@ int weft_tune_trial_cand(const struct weft_tune_measure *m, int i) WEFT_HIDDEN;
 /* The winner of m given every rank's trial times (nranks rows of ncand *
  * reps seconds, the layout of m->t).  A candidate's time in a round is
  * the mean of its run's calls but the first on the slowest rank, what a
- * loop of back-to-back calls pays a call: the first of a run waits for the
- * ranks to line up after the plan before, which a loop does not pay; the
+ * loop of back-to-back calls pays a call: the first of a run carries the
+ * barrier's catch-up and the pipeline's fill, which a loop pays once; the
  * calls that wait for a descheduled peer now and then are part of it; and
  * the slowest rank sets the pace (a broadcast's root that sends and leaves
  * does not).

@@ -4,11 +4,13 @@
  * one, and no call is lost or wrong on the way, whether the calls block,
  * are in flight together, sit in a group or go through WEFT_CHECK; a rank
  * that dies mid-measurement fails the others instead of hanging them;
- * weft_comm_set_algo changes the set a communicator chooses from.
+ * each run of trials starts on every rank together; weft_comm_set_algo
+ * changes the set a communicator chooses from.
  */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "comm.h"
@@ -240,6 +242,106 @@ Test(measure, a_death_mid_measurement_fails_every_call, .timeout = TIMEOUT_S)
     cr_assert_eq(weft_test_run(3, TIMEOUT_S, death_body, NULL), 0, "see the rank messages above");
 }
 
+/* Broadcasts of 8 bytes from rank 0, two candidates, 4 trials each in 2
+ * rounds: runs of 2 calls start at trials 0, 2, 4 and 6.  The last rank
+ * comes late to each of them, just after finishing the call before.  The root's sends fit the transport's
+ * buffers, so only the barrier before a run can hold it: its first call
+ * of each run must wait for the late rank, whatever the plan. */
+#define LATE_MS 300
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int late_body(weft_comm_t comm, int rank, int p, void *arg)
+{
+    (void)arg;
+    float x[2] = {1, 2};
+    /* Two plans the model always puts within reach of each other (on one
+     * host the hierarchical ring is the ring). */
+    WT_CHECK_OK(rank, comm, "set_algo", weft_comm_set_algo(comm, "broadcast:ring,hier/ring"));
+    for (int i = 0; i < 8; i++) {
+        bool starts = i % 2 == 0;
+        for (double t = now_ms(); rank == p - 1 && starts && now_ms() - t < LATE_MS;)
+            usleep(10000); /* a signal may cut one short */
+        double t0 = now_ms();
+        WT_CHECK_OK(rank, comm, "broadcast", weft_broadcast(x, x, 2, WEFT_FLOAT32, 0, comm));
+        double ms = now_ms() - t0;
+        if (x[0] != 1 || x[1] != 2)
+            return weft_test_fail(rank, "trial %d: got %g %g", i, x[0], x[1]);
+        struct weft_tune_measure *m =
+            comm->tune.measure[WEFT_COLL_BROADCAST][weft_tune_esize_index(4)][weft_tune_class(8)];
+        if (m == NULL || m->ncand != 2 || m->reps != 4 || m->rounds != 2)
+            return weft_test_fail(rank, "measured %s (%d candidates, %d calls in %d rounds), "
+                                  "expected 2, 4 in 2", m ? "yes" : "no", m ? m->ncand : 0,
+                                  m ? m->reps : 0, m ? m->rounds : 0);
+        /* Not trial 0: the ranks leave init at different times. */
+        if (rank == 0 && starts && i > 0 && ms < LATE_MS / 2)
+            return weft_test_fail(rank, "trial %d starts a run but returned after %.1f ms, "
+                                  "before the last rank came (%d ms late)", i, ms, LATE_MS);
+    }
+    return 0;
+}
+
+Test(measure, each_run_of_trials_starts_on_every_rank_together_3, .timeout = TIMEOUT_S)
+{
+    setenv("WEFT_TIMEOUT_MS", "30000", 1);
+    setenv("WEFT_TUNE_TRIALS", "4", 1);
+    setenv("WEFT_DEBUG", "NONE", 1);
+    cr_assert_eq(weft_test_run(3, TIMEOUT_S, late_body, NULL), 0, "see the rank messages above");
+}
+
+/* In a group, rank 0 sends 4 MiB to rank 1, which receives it, and then
+ * both run a trial.  The send cannot finish before the receive is posted,
+ * and the barrier before a run waits for both: the receive must start
+ * before it on rank 1 (a pair's messages match in issue order). */
+static int group_send_body(weft_comm_t comm, int rank, int p, void *arg)
+{
+    (void)arg;
+    const size_t big = 1 << 20, count = 16384;
+    float *b = malloc(big * sizeof(float)), *x = malloc(count * sizeof(float));
+    struct weft_plan plans[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
+    if (!b || !x)
+        return weft_test_fail(rank, "out of memory");
+    if (weft_tune_plans(comm, WEFT_COLL_ALLREDUCE, count, 4, plans) < 2)
+        return weft_test_fail(rank, "allreduce of 64 KiB has one candidate: nothing to measure");
+    for (int k = 0; k < 8; k++) {
+        for (size_t j = 0; j < big; j++)
+            b[j] = rank == 0 ? (float)(k + j % 1000) : -1;
+        for (size_t j = 0; j < count; j++)
+            x[j] = (float)(rank + 1);
+        WT_CHECK_OK(rank, comm, "group start", weft_group_start());
+        if (rank == 0)
+            WT_CHECK_OK(rank, comm, "send", weft_send(b, big, WEFT_FLOAT32, 1, comm));
+        else
+            WT_CHECK_OK(rank, comm, "recv", weft_recv(b, big, WEFT_FLOAT32, 0, comm));
+        WT_CHECK_OK(rank, comm, "allreduce",
+                    weft_allreduce(x, x, count, WEFT_FLOAT32, WEFT_SUM, comm));
+        WT_CHECK_OK(rank, comm, "group end", weft_group_end());
+        for (size_t j = 0; j < count; j++)
+            if (x[j] != (float)(p * (p + 1) / 2))
+                return weft_test_fail(rank, "call %d: element %zu is %g", k, j, x[j]);
+        for (size_t j = 0; rank == 1 && j < big; j++)
+            if (b[j] != (float)(k + j % 1000))
+                return weft_test_fail(rank, "call %d: received element %zu is %g", k, j, b[j]);
+    }
+    free(b);
+    free(x);
+    return 0;
+}
+
+Test(measure, a_send_in_a_group_before_a_run_of_trials_2, .timeout = TIMEOUT_S)
+{
+    setenv("WEFT_TIMEOUT_MS", "20000", 1);
+    setenv("WEFT_TUNE_TRIALS", "2", 1);
+    setenv("WEFT_DEBUG", "NONE", 1);
+    cr_assert_eq(weft_test_run(2, TIMEOUT_S, group_send_body, NULL), 0,
+                 "see the rank messages above");
+}
+
 /* ---- weft_comm_set_algo ----------------------------------------------------------- */
 
 /* The one plan comm may run for allreduces of count floats, or -1 when
@@ -337,21 +439,28 @@ Test(measure, set_algo_changes_the_choice_4, .timeout = TIMEOUT_S)
                  "see the rank messages above");
 }
 
+/* A 16 KiB allreduce that WEFT_CHECK must fail with a message holding
+ * cause; then leaves (destroy would report the failed communicator). */
+static int mismatch_named(weft_comm_t comm, int rank, const char *cause)
+{
+    float x[4096] = {0};
+    weft_status_t st = weft_allreduce(x, x, 4096, WEFT_FLOAT32, WEFT_SUM, comm);
+    if (weft_test_expect_status(rank, comm, "allreduce", st, WEFT_ERR_MISMATCH))
+        return 1;
+    if (!strstr(weft_last_error(comm), cause))
+        return weft_test_fail(rank, "the mismatch does not name the cause: %s",
+                              weft_last_error(comm));
+    _exit(0);
+}
+
 /* Ranks that set different algorithms: WEFT_CHECK names the cause. */
 static int set_algo_mismatch_body(weft_comm_t comm, int rank, int p, void *arg)
 {
     (void)p;
     (void)arg;
-    float x[4096] = {0};
     WT_CHECK_OK(rank, comm, "set_algo",
                 weft_comm_set_algo(comm, rank == 0 ? "ring" : "allreduce:rhd"));
-    weft_status_t st = weft_allreduce(x, x, 4096, WEFT_FLOAT32, WEFT_SUM, comm);
-    if (weft_test_expect_status(rank, comm, "allreduce", st, WEFT_ERR_MISMATCH))
-        return 1;
-    if (!strstr(weft_last_error(comm), "weft_comm_set_algo"))
-        return weft_test_fail(rank, "the mismatch does not name the cause: %s",
-                              weft_last_error(comm));
-    _exit(0); /* destroy would report the failed communicator */
+    return mismatch_named(comm, rank, "weft_comm_set_algo");
 }
 
 Test(measure, set_algo_that_differs_between_ranks_is_reported_3, .timeout = TIMEOUT_S)
@@ -360,5 +469,32 @@ Test(measure, set_algo_that_differs_between_ranks_is_reported_3, .timeout = TIME
     setenv("WEFT_CHECK", "1", 1);
     setenv("WEFT_DEBUG", "NONE", 1);
     cr_assert_eq(weft_test_run(3, TIMEOUT_S, set_algo_mismatch_body, NULL), 0,
+                 "see the rank messages above");
+}
+
+/* Ranks that disagree on whether a class is measured, with the same first
+ * plan: the fingerprint exchange names it before any barrier runs. */
+static int trials_mismatch_body(weft_comm_t comm, int rank, int p, void *arg)
+{
+    (void)p;
+    (void)arg;
+    struct weft_plan plans[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
+    char spec[48];
+    if (weft_tune_plans(comm, WEFT_COLL_ALLREDUCE, 4096, 4, plans) < 2)
+        return weft_test_fail(rank, "allreduce of 16 KiB has one candidate: nothing to measure");
+    snprintf(spec, sizeof(spec), "allreduce:");
+    weft_plan_name(plans[0], spec + strlen(spec), sizeof(spec) - strlen(spec));
+    if (rank == 0)
+        WT_CHECK_OK(rank, comm, "set_algo", weft_comm_set_algo(comm, spec));
+    return mismatch_named(comm, rank, "times plans for its size class here and rank 0 does not");
+}
+
+Test(measure, trials_on_some_ranks_only_are_reported_3, .timeout = TIMEOUT_S)
+{
+    setenv("WEFT_TIMEOUT_MS", "30000", 1);
+    setenv("WEFT_CHECK", "1", 1);
+    setenv("WEFT_TUNE_TRIALS", "4", 1);
+    setenv("WEFT_DEBUG", "NONE", 1);
+    cr_assert_eq(weft_test_run(3, TIMEOUT_S, trials_mismatch_body, NULL), 0,
                  "see the rank messages above");
 }
