@@ -178,6 +178,19 @@ Test(measure, in_a_group_4, .timeout = TIMEOUT_S) { settle(4, GROUP, NULL, NULL,
 Test(measure, with_fingerprints_4, .timeout = TIMEOUT_S) { settle(4, BURST, NULL, "1", 3); }
 Test(measure, over_tcp_3, .timeout = TIMEOUT_S) { settle(3, BLOCKING, "tcp", NULL, 1); }
 
+/* Runs body on p ranks with WEFT_TUNE_TRIALS=trials (NULL: the default)
+ * and WEFT_CHECK=check (NULL: off), quietly. */
+static void job(int p, const char *trials, const char *check, weft_test_body_t body)
+{
+    setenv("WEFT_TIMEOUT_MS", "30000", 1);
+    if (trials)
+        setenv("WEFT_TUNE_TRIALS", trials, 1);
+    if (check)
+        setenv("WEFT_CHECK", check, 1);
+    setenv("WEFT_DEBUG", "NONE", 1);
+    cr_assert_eq(weft_test_run(p, TIMEOUT_S, body, NULL), 0, "see the rank messages above");
+}
+
 /* WEFT_TUNE_TRIALS=0: the model's plan at once, nothing measured. */
 static int off_body(weft_comm_t comm, int rank, int p, void *arg)
 {
@@ -287,12 +300,7 @@ static int late_body(weft_comm_t comm, int rank, int p, void *arg)
 }
 
 Test(measure, each_run_of_trials_starts_on_every_rank_together_3, .timeout = TIMEOUT_S)
-{
-    setenv("WEFT_TIMEOUT_MS", "30000", 1);
-    setenv("WEFT_TUNE_TRIALS", "4", 1);
-    setenv("WEFT_DEBUG", "NONE", 1);
-    cr_assert_eq(weft_test_run(3, TIMEOUT_S, late_body, NULL), 0, "see the rank messages above");
-}
+{ job(3, "4", NULL, late_body); }
 
 /* In a group, rank 0 sends 4 MiB to rank 1, which receives it, and then
  * both run a trial.  The send cannot finish before the receive is posted,
@@ -334,13 +342,7 @@ static int group_send_body(weft_comm_t comm, int rank, int p, void *arg)
 }
 
 Test(measure, a_send_in_a_group_before_a_run_of_trials_2, .timeout = TIMEOUT_S)
-{
-    setenv("WEFT_TIMEOUT_MS", "20000", 1);
-    setenv("WEFT_TUNE_TRIALS", "2", 1);
-    setenv("WEFT_DEBUG", "NONE", 1);
-    cr_assert_eq(weft_test_run(2, TIMEOUT_S, group_send_body, NULL), 0,
-                 "see the rank messages above");
-}
+{ job(2, "2", NULL, group_send_body); }
 
 /* ---- weft_comm_set_algo ----------------------------------------------------------- */
 
@@ -464,13 +466,7 @@ static int set_algo_mismatch_body(weft_comm_t comm, int rank, int p, void *arg)
 }
 
 Test(measure, set_algo_that_differs_between_ranks_is_reported_3, .timeout = TIMEOUT_S)
-{
-    setenv("WEFT_TIMEOUT_MS", "30000", 1);
-    setenv("WEFT_CHECK", "1", 1);
-    setenv("WEFT_DEBUG", "NONE", 1);
-    cr_assert_eq(weft_test_run(3, TIMEOUT_S, set_algo_mismatch_body, NULL), 0,
-                 "see the rank messages above");
-}
+{ job(3, NULL, "1", set_algo_mismatch_body); }
 
 /* Ranks that disagree on whether a class is measured, with the same first
  * plan: the fingerprint exchange names it before any barrier runs. */
@@ -490,11 +486,4 @@ static int trials_mismatch_body(weft_comm_t comm, int rank, int p, void *arg)
 }
 
 Test(measure, trials_on_some_ranks_only_are_reported_3, .timeout = TIMEOUT_S)
-{
-    setenv("WEFT_TIMEOUT_MS", "30000", 1);
-    setenv("WEFT_CHECK", "1", 1);
-    setenv("WEFT_TUNE_TRIALS", "4", 1);
-    setenv("WEFT_DEBUG", "NONE", 1);
-    cr_assert_eq(weft_test_run(3, TIMEOUT_S, trials_mismatch_body, NULL), 0,
-                 "see the rank messages above");
-}
+{ job(3, "4", "1", trials_mismatch_body); }
