@@ -140,7 +140,7 @@ static void perf_usage(const perf_coll_t *coll, FILE *f)
             "  -f, --stepfactor N       multiply sizes by N instead (default 1: use -i)\n"
             "  -n, --iters N            timed iterations per size (default 20)\n"
             "  -w, --warmup_iters N     untimed iterations before each size (default 150 up\n"
-            "                           to 512K, 40 above: the automatic choice times its\n"
+            "                           to 512K, 80 above: the automatic choice times its\n"
             "                           candidates on the first calls of each size)\n"
             "  -c, --check 0/1          check every result exactly (default 1)\n"
             "  -d, --datatype T         int8 uint8 int32 uint32 int64 uint64 half float\n"
@@ -355,10 +355,10 @@ static void perf_outputs(perf_ctx_t *ctx, const perf_layout_t *l, int root, int6
 }
 
 /* -w, or by size: the automatic choice's trials are up to 6 x 24 calls
- * where a call is predicted under ~0.1 ms, 6 x 6 from ~0.3 ms. */
+ * where a call is predicted under ~0.1 ms, 6 x 12 from ~0.15 ms. */
 static int perf_warmup(const perf_ctx_t *ctx, size_t bytes)
 {
-    return ctx->opt.warmup >= 0 ? ctx->opt.warmup : bytes <= (512u << 10) ? 150 : 40;
+    return ctx->opt.warmup >= 0 ? ctx->opt.warmup : bytes <= (512u << 10) ? 150 : 80;
 }
 
 /* The plans to time: -A's communicators, or comm alone. */

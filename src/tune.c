@@ -332,10 +332,13 @@ static struct weft_tune_measure *measure_new(int coll, int e, int cls,
     if (reps < 0) {
         /* Enough calls that the class's trials take about
          * WEFT_TUNE_BUDGET by the model's clock: short calls are noisy and
-         * cheap, long ones steady and dear. */
+         * cheap, long ones steady and dear.  But runs of at least 4: a run
+         * of 2 (1 counted) timed 2 MiB broadcasts on the 2 x 2 cluster at
+         * half their loop's time for some plans, not others, and chose
+         * wrong 2 times in 3; runs of 4 ranked them as the loop does. */
         double per = WEFT_TUNE_BUDGET / (k * secs[0]);
         reps = per >= WEFT_TUNE_MAX_REPS ? WEFT_TUNE_MAX_REPS : (int64_t)per;
-        reps = WEFT_MAX(reps, 2 * WEFT_TUNE_MAX_ROUNDS);
+        reps = WEFT_MAX(reps, 4 * WEFT_TUNE_MAX_ROUNDS);
     }
     struct weft_tune_measure *m = calloc(1, sizeof(*m));
     if (m == NULL)
