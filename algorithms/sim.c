@@ -64,6 +64,7 @@ struct sim {
     uint32_t *dfirst;  /* (n + 1) CSR offsets of each step's dependents */
     uint32_t *dlist;   /* dependents */
     double *sport, *rport, *cpu; /* (p) when each resource is free next, seconds */
+    double *busy;      /* (2p) bytes * beta each rank's send, then receive, port carried */
     double *core;      /* with cpu_group: when each core is free next, group by group */
     size_t *core_off;  /* (groups + 1) first core of each group */
     struct event *heap;
@@ -466,6 +467,8 @@ static weft_status_t transfer(struct sim *s, uint32_t snd, double t)
         start = max2(start, *core);
     double end = start + alpha + a->bytes * beta;
     s->sport[a->rank] = s->rport[b->rank] = end;
+    s->busy[a->rank] += a->bytes * beta;
+    s->busy[s->p + b->rank] += a->bytes * beta;
     if (core)
         *core = end;
     a->state = b->state = ST_MOVING;
@@ -591,12 +594,12 @@ static weft_status_t run(struct sim *s)
                       x->rank, g - s->rank_off[x->rank], kinds[x->kind], peer);
 }
 
-weft_status_t weft_sim_predict(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
-                               double *seconds)
+weft_status_t weft_sim_run(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
+                           struct weft_sim_result *res)
 {
-    if (!tmpl || !m || !seconds)
+    if (!tmpl || !m || !res)
         return weft_error(NULL, WEFT_ERR_INVALID_ARG, "sim: %s is NULL",
-                          !tmpl ? "the collective" : !m ? "the model" : "seconds");
+                          !tmpl ? "the collective" : !m ? "the model" : "the result");
     if (tmpl->nranks < 1)
         return weft_error(NULL, WEFT_ERR_INVALID_ARG, "sim: nranks %d is below 1", tmpl->nranks);
     if (!m->link || m->esize < 1 || !cost_ok(m->gamma) || !cost_ok(m->copy))
@@ -611,7 +614,8 @@ weft_status_t weft_sim_predict(const struct weft_coll_desc *tmpl, const struct w
     s.sport = calloc(p, sizeof(double));
     s.rport = calloc(p, sizeof(double));
     s.cpu = calloc(p, sizeof(double));
-    if (!s.rank_off || !s.sport || !s.rport || !s.cpu) {
+    s.busy = calloc(2 * p, sizeof(double));
+    if (!s.rank_off || !s.sport || !s.rport || !s.cpu || !s.busy) {
         st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot allocate state for %d ranks", s.p);
         goto out;
     }
@@ -650,7 +654,10 @@ weft_status_t weft_sim_predict(const struct weft_coll_desc *tmpl, const struct w
     WEFT_CHECK_GOTO(match(&s), st, out);
     WEFT_CHECK_GOTO(index_deps(&s), st, out);
     WEFT_CHECK_GOTO(run(&s), st, out);
-    *seconds = s.finish;
+    res->seconds = s.finish;
+    res->port_seconds = 0;
+    for (size_t i = 0; i < 2 * p; i++)
+        res->port_seconds = max2(res->port_seconds, s.busy[i]);
 out:
     free(s.core);
     free(s.core_off);
@@ -661,10 +668,23 @@ out:
     free(s.dfirst);
     free(s.deps);
     free(s.st);
+    free(s.busy);
     free(s.cpu);
     free(s.rport);
     free(s.sport);
     free(s.rank_off);
+    return st;
+}
+
+weft_status_t weft_sim_predict(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
+                               double *seconds)
+{
+    struct weft_sim_result r;
+    if (!seconds)
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "sim: seconds is NULL");
+    weft_status_t st = weft_sim_run(tmpl, m, &r);
+    if (st == WEFT_OK)
+        *seconds = r.seconds;
     return st;
 }
 

@@ -62,6 +62,22 @@ struct weft_sim_model {
 weft_status_t weft_sim_predict(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
                                double *seconds) WEFT_HIDDEN;
 
+/* What one simulated call gives. */
+struct weft_sim_result {
+    double seconds; /* weft_sim_predict's */
+    /* The most bytes * beta any one port (a rank's sends, or its receives)
+     * carried: the least a call can take on average in a loop of calls
+     * back to back, however far ranks run ahead and overlap them, since a
+     * port carries one message at a time.  alpha is left out (latency
+     * overlaps; occupancy does not). */
+    double port_seconds;
+};
+
+/* weft_sim_predict, with the busiest port's load too.  Errors as there
+ * (a NULL res: WEFT_ERR_INVALID_ARG); *res is set only on success. */
+weft_status_t weft_sim_run(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
+                           struct weft_sim_result *res) WEFT_HIDDEN;
+
 /* A two-level cluster: rank r sits on node r / ppn; ranks of one node talk
  * at intra cost, others at inter cost (seconds, seconds per byte). */
 struct weft_sim_cluster {

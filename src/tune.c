@@ -159,9 +159,10 @@ static void table_link(const void *ctx, int i, int j, double *alpha, double *bet
     *beta = l.beta;
 }
 
-/* Predicted seconds of plan pl, or INFINITY when it cannot be built. */
+/* Predicted seconds of plan pl, or INFINITY when it cannot be built; *port
+ * (may be NULL) gets its busiest port's load (weft_sim_run). */
 static double predict(const struct weft_tune_in *in, struct weft_plan pl, int coll, size_t bytes,
-                      size_t esize)
+                      size_t esize, double *port)
 {
     struct weft_sim_model m = {
         .link = table_link, .ctx = in->links, .gamma = in->gamma, .copy = in->gamma / 2,
@@ -177,10 +178,12 @@ static double predict(const struct weft_tune_in *in, struct weft_plan pl, int co
         .chunk = WEFT_MAX(chunk, 1), .algo = pl.algo, .variant = pl.variant,
         .node = in->links ? in->links->host : NULL, .nnodes = in->links ? in->links->nhosts : 0,
     };
-    double t;
-    if (weft_sim_predict(&d, &m, &t) != WEFT_OK || !isfinite(t))
+    struct weft_sim_result r;
+    if (weft_sim_run(&d, &m, &r) != WEFT_OK || !isfinite(r.seconds))
         return INFINITY;
-    return t;
+    if (port)
+        *port = isfinite(r.port_seconds) ? r.port_seconds : 0;
+    return r.seconds;
 }
 
 /* Every plan of mask that builds coll, best predicted first (ties keep
@@ -194,7 +197,7 @@ static int ranked(const struct weft_tune_in *in, unsigned mask, int coll, size_t
             if (!(mask & WEFT_PLAN_BIT(a, v)) || !weft_algo_serves(a, v, coll))
                 continue;
             struct weft_plan pl = {a, v};
-            double t = predict(in, pl, coll, bytes, esize);
+            double t = predict(in, pl, coll, bytes, esize, NULL);
             int i = n++;
             for (; i > 0 && t < secs[i - 1]; i--) {
                 plans[i] = plans[i - 1];
@@ -284,7 +287,7 @@ int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int n
             if (slowest >= 0)
                 rounds[nr++] = slowest;
         }
-        double tc = median(rounds, nr);
+        double tc = fmax(median(rounds, nr), m->floor[c]);
         if (per_cand)
             per_cand[c] = tc;
         if (tc < tbest) {
@@ -319,9 +322,11 @@ static int measured(const double *secs, int n)
     return k;
 }
 
-/* A new measurement of the class over plans[0..n), or NULL (fewer than two
- * candidates, measuring off, no memory: the prediction stands). */
-static struct weft_tune_measure *measure_new(int coll, int e, int cls,
+/* A new measurement of coll's class cls (elements of esize bytes) over
+ * plans[0..n), or NULL (fewer than two candidates, measuring off, no
+ * memory: the prediction stands). */
+static struct weft_tune_measure *measure_new(const struct weft_tune_in *in, int coll,
+                                             size_t esize, int cls,
                                              const struct weft_plan *plans, const double *secs,
                                              int n)
 {
@@ -344,7 +349,7 @@ static struct weft_tune_measure *measure_new(int coll, int e, int cls,
     if (m == NULL)
         return NULL;
     m->coll = coll;
-    m->esize_idx = e;
+    m->esize_idx = weft_tune_esize_index(esize);
     m->cls = cls;
     m->ncand = k;
     reps = WEFT_MIN(reps, WEFT_TUNE_MAX_REPS);
@@ -354,6 +359,7 @@ static struct weft_tune_measure *measure_new(int coll, int e, int cls,
     for (int i = 0; i < k; i++) {
         m->cand[i] = plans[i];
         m->predicted[i] = secs[i];
+        predict(in, plans[i], coll, weft_tune_class_bytes(cls), esize, &m->floor[i]);
     }
     return m;
 }
@@ -442,7 +448,8 @@ struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, 
     if (fell_back && !atomic_exchange(&c->warned[coll], 1))
         WEFT_INFO(WEFT_SUB_COLL, "WEFT_ALGO allows no algorithm that runs %s: %s chosen "
                   "automatically", weft_coll_name(coll), weft_plan_name(pl, name, sizeof(name)));
-    m = cb > 0 ? measure_new(coll, e, cls, plans, secs, n) : NULL;
+    struct weft_tune_in in = tune_in(comm, coll);
+    m = cb > 0 ? measure_new(&in, coll, esize, cls, plans, secs, n) : NULL;
     if (m == NULL) {
         WEFT_INFO(WEFT_SUB_COLL, "%s of ~%zu bytes on %d ranks: %s (predicted %.1f us)",
                   weft_coll_name(coll), cb, comm->nranks, weft_plan_name(pl, name, sizeof(name)),

@@ -91,6 +91,9 @@ struct weft_tune_measure {
     int ncand, reps, rounds;                 /* trials = ncand * reps; rounds divides reps */
     struct weft_plan cand[WEFT_TUNE_MAX_CANDS]; /* best predicted first */
     double predicted[WEFT_TUNE_MAX_CANDS];   /* seconds */
+    /* The least a call of the candidate can take in a loop, by the model:
+     * its busiest port's bytes * beta (weft_sim_run).  0: no floor. */
+    double floor[WEFT_TUNE_MAX_CANDS];
     int issued;                              /* calls of the class planned so far */
     double t[WEFT_TUNE_MAX_CANDS * WEFT_TUNE_MAX_REPS]; /* this rank's seconds per trial */
     _Atomic int decided;
@@ -118,7 +121,10 @@ int weft_tune_trial_cand(const struct weft_tune_measure *m, int i) WEFT_HIDDEN;
  * the slowest rank sets the pace (a broadcast's root that sends and leaves
  * does not).
  * Its time is the median over the rounds, so one preempted call does not
- * decide; the rounds interleave the candidates, so a slow spell does not
+ * decide; and no less than its floor: a run of a few calls can go faster
+ * than any loop (a shaped link lets a burst through at full speed after the
+ * barrier's idle time; buffers soak up a run, not a loop), and the loop is
+ * what the choice serves; the rounds interleave the candidates, so a slow spell does not
  * fall on one alone.  per_cand (may be NULL) gets them.  Times that are
  * not finite are left out; ties go to the better prediction.  Pure, so
  * every rank computes the same. */

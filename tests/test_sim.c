@@ -75,6 +75,39 @@ static const size_t blocks[] = {1, 7, 1000, 65536};
 #define NPS (sizeof(ps) / sizeof(ps[0]))
 #define NBLOCKS (sizeof(blocks) / sizeof(blocks[0]))
 
+static struct weft_sim_result run_one(const struct weft_sim_model *m, int algo, int var,
+                                      int coll, int p, size_t count, size_t chunk)
+{
+    struct weft_coll_desc d = {
+        .coll = coll, .rank = 0, .nranks = p, .root = 0, .count = count,
+        .chunk = chunk, .algo = algo, .variant = var,
+    };
+    struct weft_sim_result r = {-1, -1};
+    cr_assert_eq(weft_sim_run(&d, m, &r), WEFT_OK);
+    return r;
+}
+
+Test(sim, the_busiest_port_bounds_a_loop)
+{
+    /* A reduce of n bytes: direct lands p - 1 messages on the root's
+     * receive port, a binomial tree ceil(log2 p), a ring one on each port
+     * (however many chunks); alpha is latency, not load. */
+    struct weft_sim_model m = uniform_model();
+    const size_t count = 10007, n = count * ESIZE;
+    for (int p = 2; p <= 9; p++) {
+        struct weft_sim_result r =
+            run_one(&m, WEFT_ALGO_DIRECT, 0, WEFT_COLL_REDUCE, p, count, count);
+        expect(r.port_seconds, (p - 1) * n * U.beta, "direct reduce's root port", p, n);
+        cr_expect_gt(r.seconds, r.port_seconds);
+        r = run_one(&m, WEFT_ALGO_TREE, 1, WEFT_COLL_REDUCE, p, count, count);
+        expect(r.port_seconds, lg(p) * n * U.beta, "binomial reduce's root port", p, n);
+        r = run_one(&m, WEFT_ALGO_RING, 0, WEFT_COLL_REDUCE, p, count, 1000);
+        expect(r.port_seconds, n * U.beta, "ring reduce's busiest port", p, n);
+    }
+    struct weft_coll_desc d = {.coll = WEFT_COLL_REDUCE, .nranks = 2, .count = 1, .chunk = 1};
+    cr_expect_eq(weft_sim_run(&d, &m, NULL), WEFT_ERR_INVALID_ARG);
+}
+
 Test(sim, ring_allgather_formula)
 {
     struct weft_sim_model m = uniform_model();

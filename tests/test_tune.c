@@ -204,6 +204,20 @@ Test(decide, one_preempted_call_does_not_decide)
     cr_expect_float_eq(per[1], 6.0, 1e-12);
 }
 
+Test(decide, no_candidate_is_faster_than_its_floor)
+{
+    /* Candidate 0's run went through in a burst (5 a call), but its busiest
+     * port needs 20 a call in a loop; candidate 1's 12 is above its 8. */
+    struct weft_tune_measure m = {.ncand = 2, .reps = 4, .rounds = 2, .floor = {20, 8}};
+    const double all[8] = {9, 5, 9, 12, 9, 5, 9, 12};
+    double per[WEFT_TUNE_MAX_CANDS];
+    cr_expect_eq(weft_tune_decide(&m, all, 1, per), 1);
+    cr_expect_float_eq(per[0], 20.0, 1e-12);
+    cr_expect_float_eq(per[1], 12.0, 1e-12);
+    m.floor[0] = 0; /* no floor: the burst stands */
+    cr_expect_eq(weft_tune_decide(&m, all, 1, per), 0);
+}
+
 Test(decide, one_call_a_candidate_counts_that_call)
 {
     struct weft_tune_measure m = {.ncand = 2, .reps = 1, .rounds = 1};
