@@ -182,14 +182,15 @@ static double predict(const struct weft_tune_in *in, struct weft_plan pl, int co
     if (weft_sim_run(&d, &m, &r) != WEFT_OK || !isfinite(r.seconds))
         return INFINITY;
     if (port)
-        *port = isfinite(r.port_seconds) ? r.port_seconds : 0;
+        *port = r.port_seconds;
     return r.seconds;
 }
 
 /* Every plan of mask that builds coll, best predicted first (ties keep
- * the family order: the ring first); how many. */
+ * the family order: the ring first), with its prediction and, when ports
+ * is not NULL, its busiest port's load; how many. */
 static int ranked(const struct weft_tune_in *in, unsigned mask, int coll, size_t bytes,
-                  size_t esize, struct weft_plan *plans, double *secs)
+                  size_t esize, struct weft_plan *plans, double *secs, double *ports)
 {
     int n = 0;
     for (int a = 0; a < WEFT_ALGO_COUNT; a++)
@@ -197,14 +198,19 @@ static int ranked(const struct weft_tune_in *in, unsigned mask, int coll, size_t
             if (!(mask & WEFT_PLAN_BIT(a, v)) || !weft_algo_serves(a, v, coll))
                 continue;
             struct weft_plan pl = {a, v};
-            double t = predict(in, pl, coll, bytes, esize, NULL);
+            double port = 0;
+            double t = predict(in, pl, coll, bytes, esize, &port);
             int i = n++;
             for (; i > 0 && t < secs[i - 1]; i--) {
                 plans[i] = plans[i - 1];
                 secs[i] = secs[i - 1];
+                if (ports)
+                    ports[i] = ports[i - 1];
             }
             plans[i] = pl;
             secs[i] = t;
+            if (ports)
+                ports[i] = port;
         }
     return n;
 }
@@ -212,13 +218,13 @@ static int ranked(const struct weft_tune_in *in, unsigned mask, int coll, size_t
 /* Ranked plans for the call, from the automatic choice when mask builds
  * none (*fell_back). */
 static int candidates(const struct weft_tune_in *in, int coll, size_t bytes, size_t esize,
-                      struct weft_plan *plans, double *secs, bool *fell_back)
+                      struct weft_plan *plans, double *secs, double *ports, bool *fell_back)
 {
     *fell_back = false;
-    int n = ranked(in, in->mask, coll, bytes, esize, plans, secs);
+    int n = ranked(in, in->mask, coll, bytes, esize, plans, secs, ports);
     if (n == 0) {
         *fell_back = true;
-        n = ranked(in, WEFT_PLAN_ALL, coll, bytes, esize, plans, secs);
+        n = ranked(in, WEFT_PLAN_ALL, coll, bytes, esize, plans, secs, ports);
     }
     return n;
 }
@@ -230,7 +236,7 @@ struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_
     struct weft_plan plans[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
     double secs[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
     bool fb = false;
-    int n = in->nranks < 2 || esize == 0 ? 0 : candidates(in, coll, bytes, esize, plans, secs, &fb);
+    int n = in->nranks < 2 || esize == 0 ? 0 : candidates(in, coll, bytes, esize, plans, secs, NULL, &fb);
     if (fell_back)
         *fell_back = fb;
     if (seconds)
@@ -322,13 +328,12 @@ static int measured(const double *secs, int n)
     return k;
 }
 
-/* A new measurement of coll's class cls (elements of esize bytes) over
- * plans[0..n), or NULL (fewer than two candidates, measuring off, no
- * memory: the prediction stands). */
-static struct weft_tune_measure *measure_new(const struct weft_tune_in *in, int coll,
-                                             size_t esize, int cls,
+/* A new measurement of the class over plans[0..n) (their predictions and
+ * busiest ports' loads alongside), or NULL (fewer than two candidates,
+ * measuring off, no memory: the prediction stands). */
+static struct weft_tune_measure *measure_new(int coll, int e, int cls,
                                              const struct weft_plan *plans, const double *secs,
-                                             int n)
+                                             const double *ports, int n)
 {
     int64_t reps = weft_param_int("WEFT_TUNE_TRIALS");
     int k = measured(secs, n);
@@ -349,7 +354,7 @@ static struct weft_tune_measure *measure_new(const struct weft_tune_in *in, int 
     if (m == NULL)
         return NULL;
     m->coll = coll;
-    m->esize_idx = weft_tune_esize_index(esize);
+    m->esize_idx = e;
     m->cls = cls;
     m->ncand = k;
     reps = WEFT_MIN(reps, WEFT_TUNE_MAX_REPS);
@@ -359,7 +364,7 @@ static struct weft_tune_measure *measure_new(const struct weft_tune_in *in, int 
     for (int i = 0; i < k; i++) {
         m->cand[i] = plans[i];
         m->predicted[i] = secs[i];
-        predict(in, plans[i], coll, weft_tune_class_bytes(cls), esize, &m->floor[i]);
+        m->floor[i] = ports[i];
     }
     return m;
 }
@@ -380,16 +385,17 @@ static int class_of(size_t count, size_t esize)
 }
 
 /* The plans comm allows for coll on class cls, best predicted first, with
- * their predictions; 0 when there is nothing to choose (one rank, no
- * element size). */
+ * their predictions (and busiest ports' loads, ports may be NULL); 0 when
+ * there is nothing to choose (one rank, no element size). */
 static int class_plans(struct weft_comm *comm, int coll, int cls, size_t esize,
-                       struct weft_plan *plans, double *secs, bool *fell_back)
+                       struct weft_plan *plans, double *secs, double *ports, bool *fell_back)
 {
     struct weft_tune_in in = tune_in(comm, coll);
     *fell_back = false;
     if (comm->nranks < 2 || esize == 0)
         return 0;
-    return candidates(&in, coll, weft_tune_class_bytes(cls), esize, plans, secs, fell_back);
+    return candidates(&in, coll, weft_tune_class_bytes(cls), esize, plans, secs, ports,
+                      fell_back);
 }
 
 int weft_tune_plans(struct weft_comm *comm, int coll, size_t count, size_t esize,
@@ -398,7 +404,7 @@ int weft_tune_plans(struct weft_comm *comm, int coll, size_t count, size_t esize
     double secs[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
     bool fell_back;
     int cls = class_of(count, esize);
-    int n = class_plans(comm, coll, cls, esize, plans, secs, &fell_back);
+    int n = class_plans(comm, coll, cls, esize, plans, secs, NULL, &fell_back);
     if (n == 0) {
         plans[0] = (struct weft_plan){WEFT_ALGO_RING, 0};
         return 1;
@@ -439,17 +445,16 @@ struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, 
     pthread_mutex_unlock(&eng->mu);
 
     struct weft_plan plans[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
-    double secs[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
+    double secs[WEFT_ALGO_COUNT * WEFT_VAR_COUNT], ports[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
     size_t cb = weft_tune_class_bytes(cls);
     bool fell_back;
-    int n = class_plans(comm, coll, cls, esize, plans, secs, &fell_back);
+    int n = class_plans(comm, coll, cls, esize, plans, secs, ports, &fell_back);
     struct weft_plan pl = n > 0 ? plans[0] : (struct weft_plan){WEFT_ALGO_RING, 0};
     char name[32];
     if (fell_back && !atomic_exchange(&c->warned[coll], 1))
         WEFT_INFO(WEFT_SUB_COLL, "WEFT_ALGO allows no algorithm that runs %s: %s chosen "
                   "automatically", weft_coll_name(coll), weft_plan_name(pl, name, sizeof(name)));
-    struct weft_tune_in in = tune_in(comm, coll);
-    m = cb > 0 ? measure_new(&in, coll, esize, cls, plans, secs, n) : NULL;
+    m = cb > 0 ? measure_new(coll, e, cls, plans, secs, ports, n) : NULL;
     if (m == NULL) {
         WEFT_INFO(WEFT_SUB_COLL, "%s of ~%zu bytes on %d ranks: %s (predicted %.1f us)",
                   weft_coll_name(coll), cb, comm->nranks, weft_plan_name(pl, name, sizeof(name)),
