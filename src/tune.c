@@ -335,20 +335,26 @@ static struct weft_tune_measure *measure_new(int coll, int e, int cls,
                                              const struct weft_plan *plans, const double *secs,
                                              const double *ports, int n)
 {
-    int64_t reps = weft_param_int("WEFT_TUNE_TRIALS");
+    int64_t reps = weft_param_int("WEFT_TUNE_TRIALS"), rounds;
     int k = measured(secs, n);
     if (k < 2)
         return NULL;
     if (reps < 0) {
-        /* Enough calls that the class's trials take about
+        /* Runs of WEFT_TUNE_RUN calls, in as many rounds (1 to 3) as fit
          * WEFT_TUNE_BUDGET by the model's clock: short calls are noisy and
-         * cheap, long ones steady and dear.  But runs of at least 4: a run
-         * of 2 (1 counted) timed 2 MiB broadcasts on the 2 x 2 cluster at
-         * half their loop's time for some plans, not others, and chose
-         * wrong 2 times in 3; runs of 4 ranked them as the loop does. */
-        double per = WEFT_TUNE_BUDGET / (k * secs[0]);
-        reps = per >= WEFT_TUNE_MAX_REPS ? WEFT_TUNE_MAX_REPS : (int64_t)per;
-        reps = WEFT_MAX(reps, 4 * WEFT_TUNE_MAX_ROUNDS);
+         * cheap, long ones steady and dear.  A run must be long enough to
+         * reach the loop's steady state: on the 1 Gbit/s cluster runs of 4
+         * (3 counted) timed 32 KiB ring broadcasts at 355 us and double
+         * tree ones at 300 us, whose loops take 280 and 410 us; runs of 8
+         * ranked them as the loop does.  Runs of 2 were worse still. */
+        double per = WEFT_TUNE_BUDGET / (k * secs[0] * WEFT_TUNE_RUN);
+        rounds = per >= WEFT_TUNE_MAX_ROUNDS ? WEFT_TUNE_MAX_ROUNDS : per >= 2 ? (int64_t)per : 1;
+        reps = rounds * WEFT_TUNE_RUN;
+    } else {
+        /* Rounds of at least 2 calls; reps a multiple of the rounds. */
+        reps = WEFT_MIN(reps, WEFT_TUNE_MAX_REPS);
+        rounds = WEFT_MAX(WEFT_MIN(reps / 2, WEFT_TUNE_MAX_ROUNDS), 1);
+        reps = reps / rounds * rounds;
     }
     struct weft_tune_measure *m = calloc(1, sizeof(*m));
     if (m == NULL)
@@ -357,10 +363,8 @@ static struct weft_tune_measure *measure_new(int coll, int e, int cls,
     m->esize_idx = e;
     m->cls = cls;
     m->ncand = k;
-    reps = WEFT_MIN(reps, WEFT_TUNE_MAX_REPS);
-    /* Rounds of at least 2 calls; reps a multiple of the rounds. */
-    m->rounds = (int)WEFT_MAX(WEFT_MIN(reps / 2, WEFT_TUNE_MAX_ROUNDS), 1);
-    m->reps = (int)reps / m->rounds * m->rounds;
+    m->rounds = (int)rounds;
+    m->reps = (int)reps;
     for (int i = 0; i < k; i++) {
         m->cand[i] = plans[i];
         m->predicted[i] = secs[i];

@@ -80,6 +80,7 @@ struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_
 #define WEFT_TUNE_MAX_CANDS 8
 #define WEFT_TUNE_MAX_REPS 24
 #define WEFT_TUNE_MAX_ROUNDS 3
+#define WEFT_TUNE_RUN 8 /* calls a candidate runs back to back in a round, WEFT_TUNE_TRIALS -1 */
 #define WEFT_TUNE_BUDGET 10e-3 /* seconds of trials a class gets when WEFT_TUNE_TRIALS is -1 */
 #define WEFT_TUNE_SPREAD 4.0 /* candidates: predicted at most this x the best */
 

@@ -172,16 +172,21 @@ rate_bits() {
     echo $((num * mult))
 }
 
-# Caps what leaves interface $2 of namespace $1 at $RATE.  htb's default
-# burst (one MTU per tick) starves a 64 KiB TSO segment well below the rate
-# (775 Mbit/s of 1 Gbit/s here); a burst of 1 ms of traffic, at least 64 KiB,
-# holds the rate and lets a segment through whole.
+# Caps what leaves interface $2 of namespace $1 at $RATE, as a real link
+# would: with next to no credit banked while it idles.  The bucket holds 2
+# frames.  htb still lets one TSO segment (up to 64 KiB) through whole on
+# that credit and then waits out the debt, so after an idle gap at most one
+# segment runs ahead of the rate; a bulk TCP stream holds 955 Mbit/s at
+# 1gbit here.  A bucket of 1 ms of traffic (125 KB at 1gbit) let a run of
+# calls after an idle gap through at several times the rate: the same loop
+# of 2 KiB broadcasts timed 13 us or 23 us by what had run before it.
+# Segments capped at 4 KiB (gso_max_size) take away that last burst but
+# cost the pretend cluster's CPUs so much that 128 KiB broadcasts ran at
+# 60% of the rate.
 shape() {
-    local burst=$(($(rate_bits "$RATE") / 8 / 1000))
-    [ "$burst" -ge 65536 ] || burst=65536
     tc -n "$1" qdisc add dev "$2" root handle 1: htb default 1
     tc -n "$1" class add dev "$2" parent 1: classid 1:1 htb rate "$RATE" ceil "$RATE" \
-        burst "$burst" cburst "$burst" quantum 65536
+        burst 3028 cburst 3028 quantum 65536
 }
 
 # Builds the switch and K nodes under $PREFIX; $1 is where the relay logs.
