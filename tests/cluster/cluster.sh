@@ -172,17 +172,9 @@ rate_bits() {
     echo $((num * mult))
 }
 
-# Caps what leaves interface $2 of namespace $1 at $RATE, as a real link
-# would: with next to no credit banked while it idles.  The bucket holds 2
-# frames.  htb still lets one TSO segment (up to 64 KiB) through whole on
-# that credit and then waits out the debt, so after an idle gap at most one
-# segment runs ahead of the rate; a bulk TCP stream holds 955 Mbit/s at
-# 1gbit here.  A bucket of 1 ms of traffic (125 KB at 1gbit) let a run of
-# calls after an idle gap through at several times the rate: the same loop
-# of 2 KiB broadcasts timed 13 us or 23 us by what had run before it.
-# Segments capped at 4 KiB (gso_max_size) take away that last burst but
-# cost the pretend cluster's CPUs so much that 128 KiB broadcasts ran at
-# 60% of the rate.
+# Caps what leaves interface $2 of namespace $1 at $RATE with a bucket of 2
+# frames, so an idle link banks next to no burst, as a real one banks none
+# (why not 1 ms of traffic, or capped TSO segments: README.md, "Shaping").
 shape() {
     tc -n "$1" qdisc add dev "$2" root handle 1: htb default 1
     tc -n "$1" class add dev "$2" parent 1: classid 1:1 htb rate "$RATE" ceil "$RATE" \
