@@ -80,6 +80,9 @@ typedef struct {
     long bw_count;
     int64_t wrong_total;
     int reported;    /* wrong results described on stderr so far */
+    /* Every round's time of the size being measured, per placement and
+     * plan, in the order they ran (-J writes them with -N > 1). */
+    double rounds_us[2][PERF_MAX_PLANS][PERF_MAX_ROUNDS];
     perf_pattern_t pat;
     unsigned char tab_in[PERF_TAB_BYTES], tab_want[PERF_TAB_BYTES], tab_tmp[PERF_TAB_BYTES];
 } perf_ctx_t;
@@ -155,7 +158,8 @@ static void perf_usage(const perf_coll_t *coll, FILE *f)
             "                           once per round in an order of the round's own\n"
             "  -N, --rounds N           timed rounds of -n iterations per size; the median\n"
             "                           round is reported (default 1; 5 with -A)\n"
-            "  -J, --json FILE          also write every row as JSON to FILE\n"
+            "  -J, --json FILE          also write every row as JSON to FILE (with -N > 1,\n"
+            "                           every round's time too, in the order they ran)\n"
             "  -R, --register 0/1       weft_mem_register the buffers (zero-copy over verbs)\n"
             "  -h, --help               this text\n",
             coll->name);
@@ -382,12 +386,13 @@ static int cmp_double(const void *a, const void *b)
  * -N rounds, each running every plan's -n iterations once, in an order
  * drawn for the round (the same on every rank), so that drift and slow
  * spells fall on all plans alike.  A round's time is its slowest rank's;
- * time_us[i] gets plan i's median round. */
-static weft_status_t perf_time(perf_ctx_t *ctx, const perf_call_t *call, double *time_us)
+ * t[i] gets plan i's rounds in the order they ran, time_us[i] its median
+ * round. */
+static weft_status_t perf_time(perf_ctx_t *ctx, const perf_call_t *call,
+                               double (*t)[PERF_MAX_ROUNDS], double *time_us)
 {
     const perf_coll_t *coll = ctx->coll;
     int np = perf_nplans(ctx), rounds = ctx->opt.rounds;
-    double t[PERF_MAX_PLANS][PERF_MAX_ROUNDS];
     int warmup = perf_warmup(ctx, call->count * weft_dtype_size(call->dtype));
     for (int i = 0; i < np; i++)
         for (int k = 0; k < warmup; k++)
@@ -418,8 +423,11 @@ static weft_status_t perf_time(perf_ctx_t *ctx, const perf_call_t *call, double 
         }
     }
     for (int i = 0; i < np; i++) {
-        qsort(t[i], (size_t)rounds, sizeof(double), cmp_double);
-        time_us[i] = rounds % 2 ? t[i][rounds / 2] : 0.5 * (t[i][rounds / 2 - 1] + t[i][rounds / 2]);
+        double sorted[PERF_MAX_ROUNDS];
+        memcpy(sorted, t[i], (size_t)rounds * sizeof(double));
+        qsort(sorted, (size_t)rounds, sizeof(double), cmp_double);
+        time_us[i] = rounds % 2 ? sorted[rounds / 2]
+                                : 0.5 * (sorted[rounds / 2 - 1] + sorted[rounds / 2]);
     }
     return WEFT_OK;
 }
@@ -441,7 +449,7 @@ static weft_status_t perf_measure(perf_ctx_t *ctx, size_t bytes, int root, int i
      * no denormals, no infinities while timing. */
     table_of_constant(p->dtype, p->reduces && p->op == WEFT_SUM ? 0.0 : 1.0, ctx->tab_tmp);
     buffer_fill(l.in, l.in_count, ts, ctx->tab_tmp, 0);
-    weft_status_t st = perf_time(ctx, &l.call, time_us);
+    weft_status_t st = perf_time(ctx, &l.call, ctx->rounds_us[in_place], time_us);
     if (st != WEFT_OK)
         return st;
 
@@ -477,10 +485,11 @@ static void json_string(FILE *f, const char *s)
     fputc('"', f);
 }
 
-/* One row: both placements of one size (of plan, with -A). */
-static void perf_row(perf_ctx_t *ctx, size_t size, size_t count, const char *op, int root,
-                     const char *plan, const double *time_us, const int64_t *wrong)
+/* One row: both placements of one size (of plan i, with -A). */
+static void perf_row(perf_ctx_t *ctx, size_t size, size_t count, const char *op, int root, int i,
+                     const double *time_us, const int64_t *wrong)
 {
+    const char *plan = ctx->nplans ? ctx->plan_name[i] : NULL;
     double factor = ctx->coll->bus_factor(ctx->nranks);
     printf("%12zu  %12zu  %8s  %6s  %6d", size, count, dtype_names[ctx->pat.dtype], op, root);
     if (ctx->json) {
@@ -508,9 +517,16 @@ static void perf_row(perf_ctx_t *ctx, size_t size, size_t count, const char *op,
             fprintf(ctx->json, ", \"%s\": {\"time_us\": %.3f, \"algbw\": %.6f, \"busbw\": %.6f, "
                     "\"wrong\": ", place ? "in_place" : "out_of_place", us, algbw, busbw);
             if (wrong[place] < 0)
-                fprintf(ctx->json, "null}");
+                fprintf(ctx->json, "null");
             else
-                fprintf(ctx->json, "%" PRId64 "}", wrong[place]);
+                fprintf(ctx->json, "%" PRId64, wrong[place]);
+            if (ctx->opt.rounds > 1) {
+                fprintf(ctx->json, ", \"rounds_us\": [");
+                for (int r = 0; r < ctx->opt.rounds; r++)
+                    fprintf(ctx->json, "%s%.3f", r ? ", " : "", ctx->rounds_us[place][i][r]);
+                fprintf(ctx->json, "]");
+            }
+            fprintf(ctx->json, "}");
         }
     }
     printf(plan ? "  %s\n" : "\n", plan);
@@ -547,8 +563,7 @@ static weft_status_t perf_case(perf_ctx_t *ctx, weft_dtype_t dtype, weft_op_t op
                 if (wi[place] > 0)
                     ctx->wrong_total += wi[place];
             if (ctx->rank == 0)
-                perf_row(ctx, l.total * ts, l.total, opname, root,
-                         ctx->nplans ? ctx->plan_name[i] : NULL, ti, wi);
+                perf_row(ctx, l.total * ts, l.total, opname, root, i, ti, wi);
         }
         if (ctx->opt.stepfactor > 1) {
             if (bytes > ctx->opt.maxbytes / (size_t)ctx->opt.stepfactor)
