@@ -271,9 +271,7 @@ int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int n
     double tbest = INFINITY;
     for (int c = 0; c < m->ncand; c++) {
         /* Round q ran candidate c as calls (q * ncand + c) * run onwards,
-         * run of them back to back behind a barrier; the first of them
-         * carries the barrier's catch-up and the pipeline's fill, which a
-         * loop of one plan pays once. */
+         * run of them back to back behind a barrier. */
         double rounds[WEFT_TUNE_MAX_ROUNDS];
         int nr = 0;
         for (int q = 0; q < m->rounds; q++) {
@@ -282,7 +280,7 @@ int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int n
             for (int k = 0; k < nranks; k++) {
                 double sum = 0;
                 int n = 0;
-                for (int i = first + (run > 1); i < first + run; i++) {
+                for (int i = first; i < first + run; i++) {
                     double t = all[(size_t)k * (size_t)trials + (size_t)i];
                     if (isfinite(t))
                         sum += t, n++;
