@@ -268,6 +268,8 @@ int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int n
                      double *per_cand)
 {
     int trials = m->ncand * m->reps, run = m->reps / m->rounds, best = 0;
+    /* Whether a run's first call is left out (see tune.h). */
+    int skip = run > 1 && m->coll != WEFT_COLL_BROADCAST && m->coll != WEFT_COLL_REDUCE;
     double tbest = INFINITY;
     for (int c = 0; c < m->ncand; c++) {
         /* Round q ran candidate c as calls (q * ncand + c) * run onwards,
@@ -280,7 +282,7 @@ int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int n
             for (int k = 0; k < nranks; k++) {
                 double sum = 0;
                 int n = 0;
-                for (int i = first; i < first + run; i++) {
+                for (int i = first + skip; i < first + run; i++) {
                     double t = all[(size_t)k * (size_t)trials + (size_t)i];
                     if (isfinite(t))
                         sum += t, n++;

@@ -115,14 +115,16 @@ int weft_tune_trial_cand(const struct weft_tune_measure *m, int i) WEFT_HIDDEN;
 
 /* The winner of m given every rank's trial times (nranks rows of ncand *
  * reps seconds, the layout of m->t).  A candidate's time in a round is
- * the mean of its run's calls on the slowest rank, the first one counted
- * from the barrier's end: what a loop of back-to-back calls pays a call.
- * The first call carries the pipeline's fill, which a loop pays once, but
- * also what ranks sharing a core cost each other: while a rooted call's
- * root waits in its first call the other ranks run theirs, and its later
- * calls find their data waiting.  The calls that wait for a descheduled
- * peer now and then are part of it; and the slowest rank sets the pace (a
- * broadcast's root that sends and leaves does not).
+ * the mean of its run's calls on the slowest rank, what a loop of
+ * back-to-back calls pays a call.  The first call of a run, counted from
+ * the barrier's end, carries the barrier's skew and the pipeline's fill,
+ * which a loop pays once, and is left out; but for broadcast and reduce
+ * it is counted: their ranks can run calls ahead of the root, and with
+ * ranks sharing a core they run their whole run while the root waits in
+ * its first call, whose later calls then find their data waiting.  The
+ * calls that wait for a descheduled peer now and then are part of it; and
+ * the slowest rank sets the pace (a broadcast's root that sends and leaves
+ * does not).
  * Its time is the median over the rounds, so one preempted call does not
  * decide; and no less than its floor: a run of a few calls can go faster
  * than any loop (a shaped link lets a burst through at full speed after the
