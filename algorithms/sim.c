@@ -74,6 +74,7 @@ struct sim {
     uint32_t *ready; /* sends whose message became ready this instant */
     size_t nready, readycap;
     double finish;
+    uint64_t shape; /* weft_sim_result's */
     size_t ndone;
     weft_status_t err; /* a bad link cost met during the run */
 };
@@ -109,6 +110,15 @@ static weft_status_t grow(struct sim *s, size_t need)
     return WEFT_OK;
 }
 
+/* Folds x into the shape hash (a splitmix64 step). */
+static void shape_add(struct sim *s, uint64_t x)
+{
+    uint64_t z = (s->shape ^ x) + 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    s->shape = z ^ (z >> 31);
+}
+
 /* Appends rank r's schedule, checked, in compact form. */
 static weft_status_t add_rank(struct sim *s, int r, const struct weft_schedule *sch)
 {
@@ -128,6 +138,10 @@ static weft_status_t add_rank(struct sim *s, int r, const struct weft_schedule *
             return weft_error(NULL, WEFT_ERR_INVALID_ARG,
                               "sim: rank %d step %zu names peer %d of %d ranks", r, k, w->peer,
                               s->p);
+        if (msg || w->buf != w->src_buf || w->off != w->src_off) {
+            shape_add(s, (uint64_t)(msg ? w->peer + 1 : 0) << 8 | w->kind);
+            shape_add(s, w->count);
+        }
         struct sstep *x = &s->st[s->n];
         *x = (struct sstep){
             .bytes = (double)w->count * (double)s->m->esize,
@@ -158,6 +172,7 @@ static weft_status_t load(struct sim *s, const struct weft_coll_desc *tmpl)
     weft_status_t st = WEFT_OK;
     for (int r = 0; r < s->p; r++) {
         s->rank_off[r] = s->n;
+        shape_add(s, (uint64_t)r);
         d.rank = r;
         WEFT_CHECK_GOTO(weft_sched_build(&d, &sch), st, out);
         WEFT_CHECK_GOTO(add_rank(s, r, &sch), st, out);
@@ -655,6 +670,7 @@ weft_status_t weft_sim_run(const struct weft_coll_desc *tmpl, const struct weft_
     WEFT_CHECK_GOTO(index_deps(&s), st, out);
     WEFT_CHECK_GOTO(run(&s), st, out);
     res->seconds = s.finish;
+    res->shape = s.shape;
     res->port_seconds = 0;
     for (size_t i = 0; i < 2 * p; i++)
         res->port_seconds = max2(res->port_seconds, s.busy[i]);

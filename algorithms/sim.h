@@ -7,6 +7,7 @@
 #define WEFT_SIM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "algorithms/schedule.h"
 
@@ -71,6 +72,13 @@ struct weft_sim_result {
      * port carries one message at a time.  alpha is left out (latency
      * overlaps; occupancy does not). */
     double port_seconds;
+    /* A hash of what every rank does, step by step: each message's kind,
+     * peer and size, each copy's size (a copy onto itself, which the
+     * engine skips, left out).  Two plans with the same shape, seconds and
+     * port_seconds move the same messages in the same order and are, for
+     * timing, one plan (a hierarchical schedule on one node is its
+     * intra-node phase alone). */
+    uint64_t shape;
 };
 
 /* weft_sim_predict, with the busiest port's load too.  Errors as there

@@ -159,10 +159,9 @@ static void table_link(const void *ctx, int i, int j, double *alpha, double *bet
     *beta = l.beta;
 }
 
-/* Predicted seconds of plan pl, or INFINITY when it cannot be built; *port
- * (may be NULL) gets its busiest port's load (weft_sim_run). */
-static double predict(const struct weft_tune_in *in, struct weft_plan pl, int coll, size_t bytes,
-                      size_t esize, double *port)
+/* Plan pl's simulated call: seconds INFINITY when it cannot be built. */
+static struct weft_sim_result predict(const struct weft_tune_in *in, struct weft_plan pl,
+                                      int coll, size_t bytes, size_t esize)
 {
     struct weft_sim_model m = {
         .link = table_link, .ctx = in->links, .gamma = in->gamma, .copy = in->gamma / 2,
@@ -180,37 +179,44 @@ static double predict(const struct weft_tune_in *in, struct weft_plan pl, int co
     };
     struct weft_sim_result r;
     if (weft_sim_run(&d, &m, &r) != WEFT_OK || !isfinite(r.seconds))
-        return INFINITY;
-    if (port)
-        *port = r.port_seconds;
-    return r.seconds;
+        return (struct weft_sim_result){.seconds = INFINITY};
+    return r;
 }
 
 /* Every plan of mask that builds coll, best predicted first (ties keep
  * the family order: the ring first), with its prediction and, when ports
- * is not NULL, its busiest port's load; how many. */
+ * is not NULL, its busiest port's load; how many.  Twins of an earlier
+ * plan are left out (weft_tune_ranked). */
 static int ranked(const struct weft_tune_in *in, unsigned mask, int coll, size_t bytes,
                   size_t esize, struct weft_plan *plans, double *secs, double *ports)
 {
+    struct weft_sim_result seen[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
     int n = 0;
     for (int a = 0; a < WEFT_ALGO_COUNT; a++)
         for (int v = 0; v < WEFT_VAR_COUNT; v++) {
             if (!(mask & WEFT_PLAN_BIT(a, v)) || !weft_algo_serves(a, v, coll))
                 continue;
             struct weft_plan pl = {a, v};
-            double port = 0;
-            double t = predict(in, pl, coll, bytes, esize, &port);
+            struct weft_sim_result r = predict(in, pl, coll, bytes, esize);
+            bool twin = false;
+            for (int j = 0; j < n && isfinite(r.seconds) && !twin; j++)
+                twin = seen[j].shape == r.shape && seen[j].seconds == r.seconds &&
+                       seen[j].port_seconds == r.port_seconds;
+            if (twin)
+                continue;
             int i = n++;
-            for (; i > 0 && t < secs[i - 1]; i--) {
+            for (; i > 0 && r.seconds < secs[i - 1]; i--) {
                 plans[i] = plans[i - 1];
                 secs[i] = secs[i - 1];
+                seen[i] = seen[i - 1];
                 if (ports)
                     ports[i] = ports[i - 1];
             }
             plans[i] = pl;
-            secs[i] = t;
+            secs[i] = r.seconds;
+            seen[i] = r;
             if (ports)
-                ports[i] = port;
+                ports[i] = r.port_seconds;
         }
     return n;
 }
@@ -229,14 +235,23 @@ static int candidates(const struct weft_tune_in *in, int coll, size_t bytes, siz
     return n;
 }
 
+int weft_tune_ranked(const struct weft_tune_in *in, int coll, size_t bytes, size_t esize,
+                     struct weft_plan *plans, double *secs, bool *fell_back)
+{
+    *fell_back = false;
+    if (in->nranks < 2 || esize == 0)
+        return 0;
+    return candidates(in, coll, bytes, esize, plans, secs, NULL, fell_back);
+}
+
 struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_t bytes,
                                   size_t esize, double *seconds, bool *fell_back)
 {
     const struct weft_plan ring = {WEFT_ALGO_RING, 0};
     struct weft_plan plans[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
     double secs[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
-    bool fb = false;
-    int n = in->nranks < 2 || esize == 0 ? 0 : candidates(in, coll, bytes, esize, plans, secs, NULL, &fb);
+    bool fb;
+    int n = weft_tune_ranked(in, coll, bytes, esize, plans, secs, &fb);
     if (fell_back)
         *fell_back = fb;
     if (seconds)

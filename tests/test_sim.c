@@ -82,7 +82,7 @@ static struct weft_sim_result run_one(const struct weft_sim_model *m, int algo, 
         .coll = coll, .rank = 0, .nranks = p, .root = 0, .count = count,
         .chunk = chunk, .algo = algo, .variant = var,
     };
-    struct weft_sim_result r = {-1, -1};
+    struct weft_sim_result r = {.seconds = -1, .port_seconds = -1};
     cr_assert_eq(weft_sim_run(&d, m, &r), WEFT_OK);
     return r;
 }

@@ -133,6 +133,77 @@ Test(classes, two_per_octave_and_monotonic)
     cr_expect_eq(weft_tune_class(SIZE_MAX), WEFT_TUNE_CLASSES - 1);
 }
 
+/* ---- the ranking ---------------------------------------------------------------- */
+
+#define NPLANS (WEFT_ALGO_COUNT * WEFT_VAR_COUNT)
+
+/* weft_tune_ranked's plans for coll on n ranks placed on hosts (NULL: one
+ * host), as names joined by spaces into out; how many. */
+static int ranking(int n, const char *const *hosts, unsigned mask, int coll, size_t bytes,
+                   char *out, size_t len)
+{
+    struct weft_link_table tab;
+    char err[256];
+    cr_assert_eq(weft_topo_table_init(&tab, n, hosts, 1u << WEFT_LINK_SHM | 1u << WEFT_LINK_TCP,
+                                      err, sizeof(err)),
+                 WEFT_OK, "%s", err);
+    struct weft_tune_in in = {.nranks = n, .links = &tab, .chunk_bytes = 512 * 1024,
+                              .gamma = WEFT_TUNE_GAMMA, .mask = mask};
+    struct weft_plan plans[NPLANS];
+    double secs[NPLANS];
+    bool fell_back;
+    int k = weft_tune_ranked(&in, coll, bytes, 4, plans, secs, &fell_back);
+    cr_expect(!fell_back);
+    size_t o = 0;
+    out[0] = 0;
+    for (int i = 0; i < k && o < len; i++) {
+        char name[32];
+        o += (size_t)snprintf(out + o, len - o, " %s", weft_plan_name(plans[i], name, sizeof(name)));
+        cr_expect(i == 0 || secs[i] >= secs[i - 1], "%s ranked after a slower plan", name);
+    }
+    weft_topo_table_fini(&tab);
+    return k;
+}
+
+static bool lists(const char *names, const char *plan)
+{
+    char want[40];
+    snprintf(want, sizeof(want), " %s", plan);
+    size_t l = strlen(want);
+    for (const char *p = strstr(names, want); p; p = strstr(p + 1, want))
+        if (p[l] == 0 || p[l] == ' ')
+            return true;
+    return false;
+}
+
+Test(ranked, a_plan_that_runs_the_same_messages_as_another_is_ranked_once)
+{
+    char got[256];
+    /* One node: both hierarchical broadcasts are its intra-node ring. */
+    int k = ranking(4, NULL, ALL, WEFT_COLL_BROADCAST, 32768, got, sizeof(got));
+    cr_expect_eq(k, 6, "one node:%s", got);
+    cr_expect(lists(got, "hier/ring") && !lists(got, "hier/rhd"), "one node:%s", got);
+    const char *plans[] = {"ring", "tree/double", "tree/binomial", "rhd/rabenseifner", "direct"};
+    for (size_t i = 0; i < sizeof(plans) / sizeof(plans[0]); i++)
+        cr_expect(lists(got, plans[i]), "one node: %s missing from%s", plans[i], got);
+    /* Allowed alone, a twin is still the plan. */
+    k = ranking(4, NULL, WEFT_PLAN_BIT(WEFT_ALGO_HIER, WEFT_VAR_HIER_RHD), WEFT_COLL_BROADCAST,
+                32768, got, sizeof(got));
+    cr_expect(k == 1 && lists(got, "hier/rhd"), "hier/rhd alone:%s", got);
+    /* One rank a node: the hierarchical ring reduce is the flat ring. */
+    const char *each[] = {"h0", "h1", "h2", "h3"};
+    k = ranking(4, each, ALL, WEFT_COLL_REDUCE, 512, got, sizeof(got));
+    cr_expect(lists(got, "ring") && !lists(got, "hier/ring"), "4 x 1:%s", got);
+    /* Two nodes of two: the hierarchical ring reduce (1 -> 0 and 3 -> 2
+     * in the nodes, 2 -> 0 between them) is the binomial tree; the
+     * allreduce between the heads of hier/rhd is a plan of its own. */
+    const char *two[] = {"a", "a", "b", "b"};
+    k = ranking(4, two, ALL, WEFT_COLL_REDUCE, 512, got, sizeof(got));
+    cr_expect(k == 6 && lists(got, "tree/binomial") && !lists(got, "hier/ring") &&
+                  lists(got, "hier/rhd"),
+              "2 x 2:%s", got);
+}
+
 /* ---- measured selection: the verdict ------------------------------------------- */
 
 static struct weft_tune_measure three_by_three(void)
