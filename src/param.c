@@ -58,7 +58,7 @@ static const struct weft_param_desc table[] = {
     {"WEFT_TUNE_TRIALS", "int", "-1",
      "calls per candidate plan, timed on the first calls of each size class before the automatic choice settles: the candidates take turns in up to 3 rounds, each run behind a barrier; a round's time is the mean call of the run on the slowest rank (the first call of each run not counted, but for broadcast and reduce), and the lowest median round wins, no plan counting less than its busiest port's bytes x beta by the model; ranks agree through one exchange. -1: runs of 8 in 1 to 3 rounds (8 to 24 calls), as many as fit about 10 ms of trials by the model's clock; 0: the cost model's prediction alone. WEFT_ALGO and weft_comm_set_algo bound the candidates", NULL},
     {"WEFT_TUNE_CANDIDATES", "int", "6",
-     "plans timed per size class: the best predicted, within 4x of the best prediction (at most 8)", NULL},
+     "plans timed per size class: the best predicted, within 4x of the best prediction (at most 8); a plan that moves the same messages as another in the same predicted time (hier on one node, say) counts once", NULL},
     {"WEFT_ALGO", "str", "", "algorithms allowed, NCCL_ALGO syntax: ring, tree, rhd, direct, hier; ^tree excludes; allreduce:rhd;allgather:ring per collective. A call none of them serves gets the automatic choice. weft_comm_set_algo sets it per communicator", "NCCL_ALGO"},
     {"WEFT_UNIQUE_ID", "str", "", "weft_comm_init_env: the unique id in hex (set by weftrun)", NULL},
     {"WEFT_ROOT", "str", "", "host:port where rank 0 listens: weft_comm_init_env, and weft_get_unique_id then returns the same id everywhere (torchrun style)", "NCCL_COMM_ID"},
