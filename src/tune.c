@@ -236,12 +236,12 @@ static int candidates(const struct weft_tune_in *in, int coll, size_t bytes, siz
 }
 
 int weft_tune_ranked(const struct weft_tune_in *in, int coll, size_t bytes, size_t esize,
-                     struct weft_plan *plans, double *secs, bool *fell_back)
+                     struct weft_plan *plans, double *secs, double *ports, bool *fell_back)
 {
     *fell_back = false;
     if (in->nranks < 2 || esize == 0)
         return 0;
-    return candidates(in, coll, bytes, esize, plans, secs, NULL, fell_back);
+    return candidates(in, coll, bytes, esize, plans, secs, ports, fell_back);
 }
 
 struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_t bytes,
@@ -251,7 +251,7 @@ struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_
     struct weft_plan plans[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
     double secs[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
     bool fb;
-    int n = weft_tune_ranked(in, coll, bytes, esize, plans, secs, &fb);
+    int n = weft_tune_ranked(in, coll, bytes, esize, plans, secs, NULL, &fb);
     if (fell_back)
         *fell_back = fb;
     if (seconds)
@@ -410,11 +410,8 @@ static int class_plans(struct weft_comm *comm, int coll, int cls, size_t esize,
                        struct weft_plan *plans, double *secs, double *ports, bool *fell_back)
 {
     struct weft_tune_in in = tune_in(comm, coll);
-    *fell_back = false;
-    if (comm->nranks < 2 || esize == 0)
-        return 0;
-    return candidates(&in, coll, weft_tune_class_bytes(cls), esize, plans, secs, ports,
-                      fell_back);
+    return weft_tune_ranked(&in, coll, weft_tune_class_bytes(cls), esize, plans, secs, ports,
+                            fell_back);
 }
 
 int weft_tune_plans(struct weft_comm *comm, int coll, size_t count, size_t esize,

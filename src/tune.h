@@ -62,14 +62,15 @@ struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_
                                   size_t esize, double *seconds, bool *fell_back) WEFT_HIDDEN;
 
 /* Every plan weft_tune_select chooses from, best predicted first, with its
- * prediction (secs); how many (0 when nothing builds coll: one rank, or
- * esize 0).  A plan that moves the same messages in the same predicted time
+ * prediction (secs) and, when ports is not NULL, its busiest port's load;
+ * how many (0 when nothing builds coll: one rank, or esize 0).  A plan that moves the same messages in the same predicted time
  * as one earlier in the family order (weft_sim_result's shape: hier on one
  * node, or with one rank a node, is often a flat plan) is left out, so the
  * measured refinement below never times one schedule twice.  plans and
- * secs hold WEFT_ALGO_COUNT * WEFT_VAR_COUNT. */
+ * secs (and ports) hold WEFT_ALGO_COUNT * WEFT_VAR_COUNT. */
 int weft_tune_ranked(const struct weft_tune_in *in, int coll, size_t bytes, size_t esize,
-                     struct weft_plan *plans, double *secs, bool *fell_back) WEFT_HIDDEN;
+                     struct weft_plan *plans, double *secs, double *ports,
+                     bool *fell_back) WEFT_HIDDEN;
 
 /*
  * Measured refinement (WEFT_TUNE_TRIALS > 0).  The model ranks the plans;

@@ -152,7 +152,7 @@ static int ranking(int n, const char *const *hosts, unsigned mask, int coll, siz
     struct weft_plan plans[NPLANS];
     double secs[NPLANS];
     bool fell_back;
-    int k = weft_tune_ranked(&in, coll, bytes, 4, plans, secs, &fell_back);
+    int k = weft_tune_ranked(&in, coll, bytes, 4, plans, secs, NULL, &fell_back);
     cr_expect(!fell_back);
     size_t o = 0;
     out[0] = 0;
