@@ -482,8 +482,10 @@ static weft_status_t transfer(struct sim *s, uint32_t snd, double t)
         start = max2(start, *core);
     double end = start + alpha + a->bytes * beta;
     s->sport[a->rank] = s->rport[b->rank] = end;
-    s->busy[a->rank] += a->bytes * beta;
-    s->busy[s->p + b->rank] += a->bytes * beta;
+    if (!s->m->host || s->m->host[a->rank] != s->m->host[b->rank]) {
+        s->busy[a->rank] += a->bytes * beta;
+        s->busy[s->p + b->rank] += a->bytes * beta;
+    }
     if (core)
         *core = end;
     a->state = b->state = ST_MOVING;

@@ -30,6 +30,10 @@ struct weft_sim_model {
      * once.  Groups are numbered from 0 and have at least one core. */
     const int *cpu_group;
     const int *group_cores;
+    /* The machine of each rank (NULL: a machine of its own for every
+     * rank); only messages between two machines count towards
+     * port_seconds. */
+    const int *host;
 };
 
 /* Predicted seconds for the collective tmpl describes (tmpl->rank is ignored:
@@ -67,10 +71,12 @@ weft_status_t weft_sim_predict(const struct weft_coll_desc *tmpl, const struct w
 struct weft_sim_result {
     double seconds; /* weft_sim_predict's */
     /* The most bytes * beta any one port (a rank's sends, or its receives)
-     * carried: the least a call can take on average in a loop of calls
-     * back to back, however far ranks run ahead and overlap them, since a
-     * port carries one message at a time.  alpha is left out (latency
-     * overlaps; occupancy does not). */
+     * carried to or from other machines (model->host): the least a call
+     * can take on average in a loop of calls back to back, however far
+     * ranks run ahead and overlap them, since a network port carries one
+     * message at a time.  alpha is left out (latency overlaps; occupancy
+     * does not).  Within a machine there is no port: cores copy the bytes
+     * (cpu_group), at a rate that depends on what else they run. */
     double port_seconds;
     /* A hash of what every rank does, step by step: each message's kind,
      * peer and size, each copy's size (a copy onto itself, which the

@@ -166,6 +166,7 @@ static struct weft_sim_result predict(const struct weft_tune_in *in, struct weft
     struct weft_sim_model m = {
         .link = table_link, .ctx = in->links, .gamma = in->gamma, .copy = in->gamma / 2,
         .esize = esize, .cpu_group = in->cpu_group, .group_cores = in->group_cores,
+        .host = in->links->host,
     };
     size_t count = bytes / esize;
     /* At most ~16 chunks a message: the simulation's cost grows with the

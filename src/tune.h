@@ -104,7 +104,7 @@ struct weft_tune_measure {
     struct weft_plan cand[WEFT_TUNE_MAX_CANDS]; /* best predicted first */
     double predicted[WEFT_TUNE_MAX_CANDS];   /* seconds */
     /* The least a call of the candidate can take in a loop, by the model:
-     * its busiest port's bytes * beta (weft_sim_run).  0: no floor. */
+     * its busiest network port's bytes * beta (weft_sim_run).  0: no floor. */
     double floor[WEFT_TUNE_MAX_CANDS];
     int issued;                              /* calls of the class planned so far */
     double t[WEFT_TUNE_MAX_CANDS * WEFT_TUNE_MAX_REPS]; /* this rank's seconds per trial */

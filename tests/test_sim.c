@@ -108,6 +108,23 @@ Test(sim, the_busiest_port_bounds_a_loop)
     cr_expect_eq(weft_sim_run(&d, &m, NULL), WEFT_ERR_INVALID_ARG);
 }
 
+Test(sim, only_messages_between_machines_load_a_port)
+{
+    /* Direct reduce on 2 machines of 2: the root's receive port carries
+     * the other machine's two messages; its neighbour's arrives by a core's
+     * copy, as on one machine, where no port carries anything. */
+    struct weft_sim_model m = uniform_model();
+    const size_t count = 10007, n = count * ESIZE;
+    const int two[] = {0, 0, 1, 1}, one[] = {0, 0, 0, 0};
+    m.host = two;
+    struct weft_sim_result r = run_one(&m, WEFT_ALGO_DIRECT, 0, WEFT_COLL_REDUCE, 4, count, count);
+    expect(r.port_seconds, 2 * n * U.beta, "direct reduce's root port, 2 machines", 4, n);
+    m.host = one;
+    struct weft_sim_result same = run_one(&m, WEFT_ALGO_DIRECT, 0, WEFT_COLL_REDUCE, 4, count, count);
+    cr_expect_eq(same.port_seconds, 0.0);
+    cr_expect_float_eq(same.seconds, r.seconds, 1e-12, "the host array changes no time");
+}
+
 Test(sim, ring_allgather_formula)
 {
     struct weft_sim_model m = uniform_model();
