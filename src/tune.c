@@ -452,7 +452,7 @@ struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, 
         if (atomic_load(&m->decided))
             pl = m->plan, tk->m = NULL;
         else if (i < 0)
-            pl = m->cand[i + m->ncand], tk->m = NULL; /* its untimed first call */
+            pl = m->cand[i + m->ncand], tk->m = NULL, tk->prime = true;
         else if (i < trials)
             pl = m->cand[weft_tune_trial_cand(m, i)], tk->trial = i,
             tk->sync = i % (m->reps / m->rounds) == 0;

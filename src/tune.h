@@ -124,6 +124,7 @@ struct weft_tune_ticket {
     bool decide;                 /* this call carries the exchange of m's times */
     bool sync;                   /* this trial starts a run: a barrier goes first */
     bool pending;                /* the plan is m's, once decided */
+    bool prime;                  /* a candidate's untimed call before the trials */
 };
 
 /* The candidate trial i of m runs. */
