@@ -358,9 +358,9 @@ static void perf_outputs(perf_ctx_t *ctx, const perf_layout_t *l, int root, int6
     }
 }
 
-/* -w, or by size: the automatic choice's trials are up to 6 x (1 + 24)
- * calls where a call is predicted under ~0.07 ms, 6 x (1 + 8) from ~0.1
- * ms, and one more carries the verdict. */
+/* -w, or by size: the automatic choice's trials are up to 6 x 24 calls
+ * where a call is predicted under ~0.07 ms, 6 x 8 from ~0.1 ms, and one
+ * more carries the verdict. */
 static int perf_warmup(const perf_ctx_t *ctx, size_t bytes)
 {
     return ctx->opt.warmup >= 0 ? ctx->opt.warmup : bytes <= (512u << 10) ? 160 : 80;
