@@ -63,8 +63,9 @@ struct weft_plan weft_tune_select(const struct weft_tune_in *in, int coll, size_
 
 /* Every plan weft_tune_select chooses from, best predicted first, with its
  * prediction (secs) and, when ports is not NULL, its busiest port's load;
- * how many (0 when nothing builds coll: one rank, or esize 0).  A plan that moves the same messages in the same predicted time
- * as one earlier in the family order (weft_sim_result's shape: hier on one
+ * how many (0 when nothing builds coll: one rank, or esize 0).  A plan
+ * that moves the same messages in the same predicted time as one earlier
+ * in the family order (weft_sim_result's shape: hier on one
  * node, or with one rank a node, is often a flat plan) is left out, so the
  * measured refinement below never times one schedule twice.  plans and
  * secs (and ports) hold WEFT_ALGO_COUNT * WEFT_VAR_COUNT. */
