@@ -227,6 +227,13 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
     struct weft_comm *comm = eng->comm;
     uint32_t gen = ++eng->gen;
     int budget = SCAN_BUDGET;
+    /* The oldest op with a step left to post may take any free staging
+     * slot; a later one must leave one free.  A later op's receive-reduces
+     * can hold every slot while they wait for messages their senders send
+     * only after this op's messages, which need a slot here: a cycle
+     * across ranks.  One slot is enough for an op alone (the symbolic
+     * checker runs every schedule with WEFT_STAGING_SLOTS=1). */
+    bool oldest = true;
     for (struct weft_op *op = eng->active; op && budget > 0; op = op->next) {
         /* A collective whose fingerprints have not agreed yet, or that is
          * not started (waiting for a measurement), moves nothing, and ops
@@ -238,6 +245,8 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
         size_t n = op->s->nsteps;
         while (op->first_pending < n && op->st[op->first_pending] != ST_PENDING)
             op->first_pending++;
+        int keep = oldest ? 0 : 1; /* free slots this op must leave */
+        oldest = oldest && op->first_pending == n;
         for (size_t i = op->first_pending; i < n && budget > 0; i++) {
             if (op->st[i] != ST_PENDING)
                 continue;
@@ -251,7 +260,7 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
             }
             bool early = s->kind == WEFT_STEP_RECV_REDUCE && s->peer != comm->rank;
             bool ready = early ? deps_posted(op, s) : deps_done(op, s);
-            if (!ready || (s->kind == WEFT_STEP_RECV_REDUCE && eng->nfree_slots == 0)) {
+            if (!ready || (early && eng->nfree_slots <= keep)) {
                 if (mark)
                     *mark = gen;
                 continue;

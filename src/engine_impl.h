@@ -97,6 +97,7 @@ struct weft_op {
     struct weft_tune_measure *tm;
     int trial;                   /* >= 0: this op is that trial of tm */
     bool pending;
+    bool prime;                  /* a candidate's untimed call before the trials */
     struct weft_op *tune_pre;    /* user op from op_new to submit: its tune op */
     double *times;               /* tune op: (cap_times) every rank's trial times;
                                     sync op: one per rank */

@@ -243,6 +243,7 @@ static struct weft_op *op_get(struct weft_comm *comm, const struct weft_op_args 
     op->tm = NULL;
     op->trial = -1;
     op->pending = false;
+    op->prime = false;
     op->tune_pre = NULL;
     return op;
 }
@@ -287,7 +288,9 @@ static weft_status_t check_op_new(struct weft_comm *comm, struct weft_op *op,
     WEFT_CHECK(op_reserve(c, c->s->nsteps));
     memset(c->st, ST_PENDING, c->s->nsteps);
     memset(c->fps, 0, (size_t)comm->nranks * sizeof(*c->fps));
-    bool run = op->tune_pre && op->tune_pre->kind == OP_SYNC;
+    /* Set where this rank times plans: a run's first trial, or an untimed
+     * call before them (so a rank that does not is named at the first). */
+    bool run = op->prime || (op->tune_pre && op->tune_pre->kind == OP_SYNC);
     weft_fp_fill(&c->fps[comm->rank], &op->a,
                  d->algo | d->variant << 8 | (d->ordered != 0) << 12 | run << 13,
                  d->chunk * op->esize);
@@ -412,6 +415,7 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
             op->tm = tk.m;
             op->trial = tk.trial;
             op->pending = tk.pending;
+            op->prime = tk.prime;
             /* A pending op's fingerprint names no plan: every rank waits
              * for the same decision at the same call. */
             coll_desc(comm, op, tk.pending ? WEFT_ALGO_COUNT : pl.algo, pl.variant, &d);

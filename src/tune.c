@@ -448,9 +448,11 @@ struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, 
          * that waits for the decision. */
         tk->m = m;
         struct weft_plan pl = m->cand[0];
-        int trials = m->ncand * m->reps, i = m->issued++;
+        int trials = m->ncand * m->reps, i = m->issued++ - m->ncand;
         if (atomic_load(&m->decided))
             pl = m->plan, tk->m = NULL;
+        else if (i < 0)
+            pl = m->cand[i + m->ncand], tk->m = NULL, tk->prime = true;
         else if (i < trials)
             pl = m->cand[weft_tune_trial_cand(m, i)], tk->trial = i,
             tk->sync = i % (m->reps / m->rounds) == 0;
@@ -480,7 +482,8 @@ struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, 
         return pl;
     }
     WEFT_INFO(WEFT_SUB_COLL, "%s of ~%zu bytes on %d ranks: timing the %d best predicted "
-              "plans, %d calls each in %d rounds (WEFT_TUNE_TRIALS)", weft_coll_name(coll), cb,
+              "plans, one untimed call each, then %d calls each in %d rounds (WEFT_TUNE_TRIALS)",
+              weft_coll_name(coll), cb,
               comm->nranks, m->ncand, m->reps, m->rounds);
     pthread_mutex_lock(&eng->mu);
     if (c->measure[coll][e][cls] == NULL)

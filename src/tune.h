@@ -77,9 +77,14 @@ int weft_tune_ranked(const struct weft_tune_in *in, int coll, size_t bytes, size
  * Measured refinement (WEFT_TUNE_TRIALS > 0).  The model ranks the plans;
  * those predicted within WEFT_TUNE_SPREAD of the best (at most
  * WEFT_TUNE_CANDIDATES) are then timed on the caller's own first calls of
- * the size class: reps calls each, in `rounds` rounds in which every
+ * the size class.  First every candidate runs one call, untimed, in rank
+ * order: what a plan pays once on a communicator (scratch memory faulted
+ * in, at 11-18 us a 4 KiB page here, 2 ms for 512 KiB; a connection
+ * opened) is not charged to its first run, which with one round is all
+ * it gets.  Then reps calls each, in `rounds` rounds in which every
  * candidate runs reps / rounds calls in a row (weft_tune_trial_cand), for
- * ncand * reps calls; the first call of each run carries a barrier (an op
+ * ncand * reps calls (trial i is call ncand + i); the first call of each
+ * run carries a barrier (an op
  * the engine runs before it, once every earlier op has finished, holding
  * back every later one), so that no rank's backlog from one plan lands on
  * the next.  Every rank numbers its calls of a class alike (collectives
@@ -120,6 +125,7 @@ struct weft_tune_ticket {
     bool decide;                 /* this call carries the exchange of m's times */
     bool sync;                   /* this trial starts a run: a barrier goes first */
     bool pending;                /* the plan is m's, once decided */
+    bool prime;                  /* a candidate's untimed call before the trials */
 };
 
 /* The candidate trial i of m runs. */

@@ -365,10 +365,38 @@ out:
     return rc;
 }
 
-/* Runs one p-rank job; chunk, slots and streams set WEFT_CHUNK_SIZE,
- * WEFT_STAGING_SLOTS and WEFT_SOCKET_NSTREAMS where not NULL.  Parameters
- * are read once per process, and each Test runs in its own. */
-static void run_p2p_job(int p, const char *chunk, const char *slots, const char *streams)
+/* The non-blocking batches, each on a new communicator split from comm:
+ * every batch 1 and 2 then runs the first calls of fresh size classes,
+ * whose plans (the measurement's untimed calls, one candidate each) differ
+ * from collective to collective while all six are in flight. */
+static int fresh_comms_body(weft_comm_t comm, int rank, int p, void *arg)
+{
+    struct tc c;
+    int rc = 1;
+    if (tc_alloc(&c, comm, rank, p))
+        goto out;
+    for (int k = 0; k < *(const int *)arg; k++) {
+        weft_comm_t sub = NULL;
+        CALL(&c, "weft_comm_split", weft_comm_split(comm, 0, rank, &sub));
+        c.comm = sub;
+        int bad = run_nonblocking(&c);
+        c.comm = comm;
+        CALL(&c, "weft_comm_destroy", weft_comm_destroy(sub));
+        if (bad)
+            goto out;
+    }
+    rc = tc_verdict(&c);
+out:
+    tc_free(&c);
+    return rc;
+}
+
+/* Runs one p-rank job of body; chunk, slots and streams set
+ * WEFT_CHUNK_SIZE, WEFT_STAGING_SLOTS and WEFT_SOCKET_NSTREAMS where not
+ * NULL.  Parameters are read once per process, and each Test runs in its
+ * own. */
+static void run_job(int p, const char *chunk, const char *slots, const char *streams,
+                    weft_test_body_t body, void *arg)
 {
     if (chunk)
         setenv("WEFT_CHUNK_SIZE", chunk, 1);
@@ -376,8 +404,13 @@ static void run_p2p_job(int p, const char *chunk, const char *slots, const char 
         setenv("WEFT_STAGING_SLOTS", slots, 1);
     if (streams)
         setenv("WEFT_SOCKET_NSTREAMS", streams, 1);
-    int rc = weft_test_run(p, 90, p2p_body, NULL);
-    cr_assert_eq(rc, 0, "the %d-rank p2p job failed (see the rank messages above)", p);
+    int rc = weft_test_run(p, 90, body, arg);
+    cr_assert_eq(rc, 0, "the %d-rank job failed (see the rank messages above)", p);
+}
+
+static void run_p2p_job(int p, const char *chunk, const char *slots, const char *streams)
+{
+    run_job(p, chunk, slots, streams, p2p_body, NULL);
 }
 
 Test(p2p, ranks_1, .timeout = 100) { run_p2p_job(1, NULL, NULL, NULL); }
@@ -391,3 +424,13 @@ Test(p2p, ranks_8, .timeout = 100) { run_p2p_job(8, NULL, NULL, NULL); }
 Test(p2p, ranks_4_chunk_4k_slots_2, .timeout = 100) { run_p2p_job(4, "4096", "2", NULL); }
 Test(p2p, ranks_5_streams_4_chunk_64k, .timeout = 100) { run_p2p_job(5, "65536", NULL, "4"); }
 Test(p2p, ranks_2_chunk_256, .timeout = 100) { run_p2p_job(2, "256", NULL, NULL); }
+
+/* Six collectives in flight at once, each with its own plan, on two
+ * staging slots: a later op's receive-reduces must never hold the slots
+ * the oldest op needs while their senders wait on that op (engine.c
+ * post_ready; before, this job hung in each of 4 runs). */
+Test(p2p, ranks_4_fresh_plans_in_flight_slots_2, .timeout = 100)
+{
+    int comms = 12;
+    run_job(4, "4096", "2", NULL, fresh_comms_body, &comms);
+}

@@ -17,7 +17,9 @@
 #include "harness.h"
 #include "tune.h"
 
-#define CALLS 24 /* more than the trials (6 candidates x 3, or 3 x 6, here) and the exchange */
+/* More than the untimed calls and trials (6 candidates x (1 + 3), or 3 x
+ * (1 + 6), here) and the exchange. */
+#define CALLS 32
 #define TIMEOUT_S 120
 
 enum mode { BLOCKING, BURST, GROUP };
@@ -121,7 +123,8 @@ static int check_settled(weft_comm_t comm, int rank, int p, int coll, size_t cou
         return weft_test_fail(rank, "%s of %zu elements settled on plan 0x%x, not a candidate",
                               weft_coll_name(coll), count, (unsigned)mine);
     struct weft_tune_measure *m = comm->tune.measure[coll][e][cls];
-    if (n >= 2 && (m == NULL || !atomic_load(&m->decided) || m->issued < m->ncand * m->reps))
+    if (n >= 2 &&
+        (m == NULL || !atomic_load(&m->decided) || m->issued < m->ncand * (1 + m->reps)))
         return weft_test_fail(rank, "%s of %zu elements: %d candidates but no finished "
                               "measurement", weft_coll_name(coll), count, n);
     int32_t *all = calloc((size_t)p, sizeof(int32_t));
@@ -256,7 +259,8 @@ Test(measure, a_death_mid_measurement_fails_every_call, .timeout = TIMEOUT_S)
 }
 
 /* Broadcasts of 8 bytes from rank 0, two candidates, 4 trials each in 2
- * rounds: runs of 2 calls start at trials 0, 2, 4 and 6.  The last rank
+ * rounds, after one untimed call each (calls 0 and 1): runs of 2 calls
+ * start at calls 2, 4, 6 and 8.  The last rank
  * comes late to each of them, just after finishing the call before.  The root's sends fit the transport's
  * buffers, so only the barrier before a run can hold it: its first call
  * of each run must wait for the late rank, whatever the plan. */
@@ -291,9 +295,9 @@ static int late_body(weft_comm_t comm, int rank, int p, void *arg)
             return weft_test_fail(rank, "measured %s (%d candidates, %d calls in %d rounds), "
                                   "expected 2, 4 in 2", m ? "yes" : "no", m ? m->ncand : 0,
                                   m ? m->reps : 0, m ? m->rounds : 0);
-        /* Not trial 0: the ranks leave init at different times. */
+        /* Not call 0, an untimed one with no barrier. */
         if (rank == 0 && starts && i > 0 && ms < LATE_MS / 2)
-            return weft_test_fail(rank, "trial %d starts a run but returned after %.1f ms, "
+            return weft_test_fail(rank, "call %d starts a run but returned after %.1f ms, "
                                   "before the last rank came (%d ms late)", i, ms, LATE_MS);
     }
     return 0;
