@@ -142,7 +142,7 @@ static void perf_usage(const perf_coll_t *coll, FILE *f)
             "  -i, --stepbytes SIZE     increment between sizes (default 1M)\n"
             "  -f, --stepfactor N       multiply sizes by N instead (default 1: use -i)\n"
             "  -n, --iters N            timed iterations per size (default 20)\n"
-            "  -w, --warmup_iters N     untimed iterations before each size (default 160 up\n"
+            "  -w, --warmup_iters N     untimed iterations before each size (default 600 up\n"
             "                           to 512K, 80 above: the automatic choice times its\n"
             "                           candidates on the first calls of each size)\n"
             "  -c, --check 0/1          check every result exactly (default 1)\n"
@@ -358,11 +358,13 @@ static void perf_outputs(perf_ctx_t *ctx, const perf_layout_t *l, int root, int6
     }
 }
 
-/* -w, or by size: the automatic choice's trials are up to 6 x 24 calls
- * where a call is predicted under ~0.07 ms, 6 x 8 from ~0.1 ms. */
+/* -w, or by size: the automatic choice's trials are up to 6 x (1 + 96)
+ * calls where a call is predicted under 31 us (runs of 32 in 3 rounds),
+ * 6 x (1 + 24) from 0.125 ms and 6 x (1 + 8) from ~0.2 ms; one more
+ * carries the verdict. */
 static int perf_warmup(const perf_ctx_t *ctx, size_t bytes)
 {
-    return ctx->opt.warmup >= 0 ? ctx->opt.warmup : bytes <= (512u << 10) ? 160 : 80;
+    return ctx->opt.warmup >= 0 ? ctx->opt.warmup : bytes <= (512u << 10) ? 600 : 80;
 }
 
 /* The plans to time: -A's communicators, or comm alone. */

@@ -331,6 +331,27 @@ static void cache_store(struct weft_tune_cache *c, int coll, int e, int cls, str
                           memory_order_release);
 }
 
+/* WEFT_TUNE_TRIALS -1: as many rounds (1 to 3) as runs of 8 calls fit
+ * WEFT_TUNE_BUDGET, by the model's clock: short calls are noisy and cheap,
+ * long ones steady and dear.  A run must be long enough to reach the
+ * loop's steady state.  On the 1 Gbit/s cluster runs of 4 (3 counted)
+ * timed 32 KiB ring broadcasts at 355 us and double tree ones at 300 us,
+ * whose loops take 280 and 410 us; runs of 8 ranked them as the loop does.
+ * On the 2x2 cluster runs of 8 timed 8 B - 32 KiB reduces (10-30 us a
+ * call, 4 ranks on 2 cores) with the ring at 8.6-10.5 us in some jobs,
+ * though its loop never took under 18, and chose it; runs of 32 timed it
+ * at 18.6-25.  So a run lasts about WEFT_TUNE_RUN_SECS, 8 to 32 calls. */
+void weft_tune_shape(int ncand, double secs, int64_t *reps, int64_t *rounds)
+{
+    double per = WEFT_TUNE_BUDGET / (ncand * secs * WEFT_TUNE_RUN_MIN);
+    double calls = ceil(WEFT_TUNE_RUN_SECS / secs);
+    int64_t run = calls >= WEFT_TUNE_RUN_MAX   ? WEFT_TUNE_RUN_MAX
+                  : calls <= WEFT_TUNE_RUN_MIN ? WEFT_TUNE_RUN_MIN
+                                               : (int64_t)calls;
+    *rounds = per >= WEFT_TUNE_MAX_ROUNDS ? WEFT_TUNE_MAX_ROUNDS : per >= 2 ? (int64_t)per : 1;
+    *reps = *rounds * run;
+}
+
 /* How many of the ranked plans get timed: 0 when measuring is off. */
 static int measured(const double *secs, int n)
 {
@@ -356,16 +377,7 @@ static struct weft_tune_measure *measure_new(int coll, int e, int cls,
     if (k < 2)
         return NULL;
     if (reps < 0) {
-        /* Runs of WEFT_TUNE_RUN calls, in as many rounds (1 to 3) as fit
-         * WEFT_TUNE_BUDGET by the model's clock: short calls are noisy and
-         * cheap, long ones steady and dear.  A run must be long enough to
-         * reach the loop's steady state: on the 1 Gbit/s cluster runs of 4
-         * (3 counted) timed 32 KiB ring broadcasts at 355 us and double
-         * tree ones at 300 us, whose loops take 280 and 410 us; runs of 8
-         * ranked them as the loop does.  Runs of 2 were worse still. */
-        double per = WEFT_TUNE_BUDGET / (k * secs[0] * WEFT_TUNE_RUN);
-        rounds = per >= WEFT_TUNE_MAX_ROUNDS ? WEFT_TUNE_MAX_ROUNDS : per >= 2 ? (int64_t)per : 1;
-        reps = rounds * WEFT_TUNE_RUN;
+        weft_tune_shape(k, secs[0], &reps, &rounds);
     } else {
         /* Rounds of at least 2 calls; reps a multiple of the rounds. */
         reps = WEFT_MIN(reps, WEFT_TUNE_MAX_REPS);

@@ -95,10 +95,17 @@ int weft_tune_ranked(const struct weft_tune_in *in, int coll, size_t bytes, size
  * queued behind it wait for it.
  */
 #define WEFT_TUNE_MAX_CANDS 8
-#define WEFT_TUNE_MAX_REPS 24
 #define WEFT_TUNE_MAX_ROUNDS 3
-#define WEFT_TUNE_RUN 8 /* calls a candidate runs back to back in a round, WEFT_TUNE_TRIALS -1 */
-#define WEFT_TUNE_BUDGET 10e-3 /* seconds of trials a class gets when WEFT_TUNE_TRIALS is -1 */
+/* WEFT_TUNE_TRIALS -1: a candidate's run in a round lasts about
+ * WEFT_TUNE_RUN_SECS by the model's clock, from WEFT_TUNE_RUN_MIN to
+ * WEFT_TUNE_RUN_MAX calls, and a class gets as many rounds (up to 3) as
+ * runs of WEFT_TUNE_RUN_MIN calls of its candidates fit WEFT_TUNE_BUDGET
+ * seconds by that clock. */
+#define WEFT_TUNE_RUN_MIN 8
+#define WEFT_TUNE_RUN_MAX 32
+#define WEFT_TUNE_RUN_SECS 1e-3
+#define WEFT_TUNE_BUDGET 10e-3
+#define WEFT_TUNE_MAX_REPS (WEFT_TUNE_MAX_ROUNDS * WEFT_TUNE_RUN_MAX)
 #define WEFT_TUNE_SPREAD 4.0 /* candidates: predicted at most this x the best */
 
 /* One size class being measured.  Owner: the communicator's tune cache;
@@ -127,6 +134,10 @@ struct weft_tune_ticket {
     bool pending;                /* the plan is m's, once decided */
     bool prime;                  /* a candidate's untimed call before the trials */
 };
+
+/* WEFT_TUNE_TRIALS -1: the calls per candidate (*reps) and rounds for
+ * ncand candidates, the best predicted to take secs a call. */
+void weft_tune_shape(int ncand, double secs, int64_t *reps, int64_t *rounds);
 
 /* The candidate trial i of m runs. */
 int weft_tune_trial_cand(const struct weft_tune_measure *m, int i) WEFT_HIDDEN;
