@@ -143,6 +143,34 @@ static int sc_many_small(struct rank_env *e)
     return 0;
 }
 
+/* Rank 0 sends small messages one at a time, each waited for, into 8 KiB
+ * socket buffers that rank 1 drains in bursts: a send posted while the
+ * stream is idle but its socket full finds no room at once and must still
+ * go out once there is some (it was left unsent: a ring broadcast's root
+ * stalled that way at 1 Gbit/s). */
+static int sc_slow_reader(struct rank_env *e)
+{
+    enum { N = 20000, LEN = 100 };
+    uint8_t buf[LEN];
+    for (int i = 0; i < N; i++) {
+        if (e->rank == 0) {
+            fill(buf, LEN, (uint32_t)i);
+            send_ok(e, 1, buf, LEN);
+        } else {
+            if (i % 256 == 0)
+                usleep(1000);
+            CHECKF(recv_ok(e, 0, buf, LEN) == LEN, "message %d", i);
+            CHECKF(verify(buf, LEN, (uint32_t)i) == LEN, "message %d differs", i);
+        }
+    }
+    return 0;
+}
+
+Test(tcp, sends_into_a_full_socket_with_a_slow_reader, .timeout = 60)
+{
+    run_buf(2, 1, "8K", sc_slow_reader);
+}
+
 Test(tcp, many_small_1_stream, .timeout = 60)
 {
     run(2, 1, sc_many_small);

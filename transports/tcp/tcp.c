@@ -214,8 +214,11 @@ static bool stream_send(struct tcp_stream *st)
         if (n < 0) {
             if (errno == EINTR)
                 continue;
+            /* Full: poll waits for room.  The stream may have been idle
+             * (a new send on a full socket), so it must join the work
+             * list below; returning here left such a send unsent. */
             if (errno == EAGAIN || errno == EWOULDBLOCK)
-                return moved;
+                break;
             stream_fail_io(st, errno);
             return true;
         }
