@@ -137,7 +137,7 @@ struct weft_tune_ticket {
 
 /* WEFT_TUNE_TRIALS -1: the calls per candidate (*reps) and rounds for
  * ncand candidates, the best predicted to take secs a call. */
-void weft_tune_shape(int ncand, double secs, int64_t *reps, int64_t *rounds);
+void weft_tune_shape(int ncand, double secs, int64_t *reps, int64_t *rounds) WEFT_HIDDEN;
 
 /* The candidate trial i of m runs. */
 int weft_tune_trial_cand(const struct weft_tune_measure *m, int i) WEFT_HIDDEN;
