@@ -142,9 +142,9 @@ static void perf_usage(const perf_coll_t *coll, FILE *f)
             "  -i, --stepbytes SIZE     increment between sizes (default 1M)\n"
             "  -f, --stepfactor N       multiply sizes by N instead (default 1: use -i)\n"
             "  -n, --iters N            timed iterations per size (default 20)\n"
-            "  -w, --warmup_iters N     untimed iterations before each size (default 600 up\n"
-            "                           to 512K, 80 above: the automatic choice times its\n"
-            "                           candidates on the first calls of each size)\n"
+            "  -w, --warmup_iters N     untimed iterations before each size (default: 80 to\n"
+            "                           1500, at least 60 ms; the automatic choice times\n"
+            "                           its candidates on the first calls of each size)\n"
             "  -c, --check 0/1          check every result exactly (default 1)\n"
             "  -d, --datatype T         int8 uint8 int32 uint32 int64 uint64 half float\n"
             "                           double bfloat16 (or float16 float32 float64 bf16), all\n"
@@ -358,13 +358,35 @@ static void perf_outputs(perf_ctx_t *ctx, const perf_layout_t *l, int root, int6
     }
 }
 
-/* -w, or by size: the automatic choice's trials are up to 6 x (1 + 96)
- * calls where a call is predicted under 31 us (runs of 32 in 3 rounds),
- * 6 x (1 + 24) from 0.125 ms and 6 x (1 + 8) from ~0.2 ms; one more
- * carries the verdict. */
-static int perf_warmup(const perf_ctx_t *ctx, size_t bytes)
+/* -w N: N calls.  By default, enough for the automatic choice's trials on
+ * the first calls of a size (src/tune.c): up to 6 x (1 + 3 x 80) + 1
+ * calls, which take about 54 ms by the model's clock, and 6 x (1 + 8) + 1
+ * where one call takes more than 0.4 ms.  So batches of PERF_WARM_BATCH
+ * until PERF_WARM_MAX calls have run, or PERF_WARM_MS have passed on the
+ * slowest rank (an allreduce tells every rank, so all stop at the same
+ * call) and at least PERF_WARM_MIN calls have run. */
+#define PERF_WARM_BATCH 20
+#define PERF_WARM_MIN 80
+#define PERF_WARM_MAX 1500
+#define PERF_WARM_MS 60.0
+
+static weft_status_t perf_warm(perf_ctx_t *ctx, const perf_call_t *call, weft_comm_t c)
 {
-    return ctx->opt.warmup >= 0 ? ctx->opt.warmup : bytes <= (512u << 10) ? 600 : 80;
+    if (ctx->opt.warmup >= 0) {
+        for (int k = 0; k < ctx->opt.warmup; k++)
+            PERF_CHECK(ctx, ctx->coll->name, ctx->coll->run(call, c));
+        return WEFT_OK;
+    }
+    double t0 = perf_now_us(), ms = 0;
+    for (int done = 0; done < PERF_WARM_MAX && (done < PERF_WARM_MIN || ms < PERF_WARM_MS);
+         done += PERF_WARM_BATCH) {
+        for (int k = 0; k < PERF_WARM_BATCH; k++)
+            PERF_CHECK(ctx, ctx->coll->name, ctx->coll->run(call, c));
+        ms = (perf_now_us() - t0) * 1e-3;
+        PERF_CHECK(ctx, "weft_allreduce (warm-up)",
+                   weft_allreduce(&ms, &ms, 1, WEFT_FLOAT64, WEFT_MAX, ctx->comm));
+    }
+    return WEFT_OK;
 }
 
 /* The plans to time: -A's communicators, or comm alone. */
@@ -395,10 +417,11 @@ static weft_status_t perf_time(perf_ctx_t *ctx, const perf_call_t *call,
 {
     const perf_coll_t *coll = ctx->coll;
     int np = perf_nplans(ctx), rounds = ctx->opt.rounds;
-    int warmup = perf_warmup(ctx, call->count * weft_dtype_size(call->dtype));
-    for (int i = 0; i < np; i++)
-        for (int k = 0; k < warmup; k++)
-            PERF_CHECK(ctx, coll->name, coll->run(call, perf_plan_comm(ctx, i)));
+    for (int i = 0; i < np; i++) {
+        weft_status_t st = perf_warm(ctx, call, perf_plan_comm(ctx, i));
+        if (st != WEFT_OK)
+            return st; /* perf_warm said what failed */
+    }
     uint64_t draw = 0x9e3779b97f4a7c15ull ^ call->count;
     for (int r = 0; r < rounds; r++) {
         int order[PERF_MAX_PLANS];

@@ -208,20 +208,20 @@ Test(ranked, a_plan_that_runs_the_same_messages_as_another_is_ranked_once)
 
 /* WEFT_TUNE_TRIALS -1: runs of about 1 ms by the model (8 to 32 calls), as
  * many rounds (up to 3) as runs of 8 of every candidate fit in 10 ms. */
-Test(decide, runs_last_about_a_millisecond)
+Test(decide, runs_last_about_3_ms)
 {
     static const struct {
         int ncand;
         double secs;
         int64_t reps, rounds;
     } cases[] = {
-        {6, 10e-6, 96, 3},   /* 100 calls to the millisecond: 32 */
-        {6, 50e-6, 60, 3},   /* runs of 20; 8 of 6 candidates, 2.4 ms a round */
-        {6, 150e-6, 8, 1},   /* runs of 8 (6.7 to the millisecond); 7.2 ms a round */
-        {2, 100e-6, 30, 3},  /* runs of 10 */
-        {4, 125e-6, 16, 2},  /* runs of 8; 4 ms a round */
-        {6, 5e-3, 8, 1},     /* a round over budget still runs once */
-        {6, 1e-300, 96, 3},  /* no overflow on a degenerate prediction */
+        {6, 10e-6, 240, 3},  /* 300 calls to 3 ms: runs of 80 */
+        {6, 50e-6, 180, 3},  /* runs of 60; 8 of 6 candidates, 2.4 ms a round */
+        {6, 160e-6, 19, 1},  /* runs of 19 (18.75 to 3 ms); 7.7 ms a round */
+        {2, 100e-6, 90, 3},  /* runs of 30 */
+        {4, 125e-6, 48, 2},  /* runs of 24; 4 ms a round */
+        {6, 5e-3, 8, 1},     /* a round over budget still runs once, 8 calls */
+        {6, 1e-300, 240, 3}, /* no overflow on a degenerate prediction */
     };
     for (size_t i = 0; i < WEFT_ARRAY_SIZE(cases); i++) {
         int64_t reps = -1, rounds = -1;
