@@ -206,7 +206,7 @@ Test(ranked, a_plan_that_runs_the_same_messages_as_another_is_ranked_once)
 
 /* ---- measured selection: the verdict ------------------------------------------- */
 
-/* WEFT_TUNE_TRIALS -1: runs of about 1 ms by the model (8 to 32 calls), as
+/* WEFT_TUNE_TRIALS -1: runs of about 3 ms by the model (8 to 80 calls), as
  * many rounds (up to 3) as runs of 8 of every candidate fit in 10 ms. */
 Test(decide, runs_last_about_3_ms)
 {
