@@ -48,8 +48,16 @@ static void finish(struct weft_engine *eng, struct weft_op *op, weft_status_t st
          * (ops in flight together share the links; each is charged what it
          * added). */
         uint64_t now = weft_now_ns();
-        if (op->trial >= 0)
-            op->tm->t[op->trial] = (double)(now - WEFT_MAX(op->t0, eng->last_finish_ns)) * 1e-9;
+        if (op->trial >= 0) {
+            double t = (double)(now - WEFT_MAX(op->t0, eng->last_finish_ns)) * 1e-9;
+            /* Cut from its run's call before (tune.h): stored negated. */
+            bool cut = op->trial % weft_tune_run_calls(op->tm) != 0 &&
+                       (eng->last_tm != op->tm || eng->last_trial != op->trial - 1 ||
+                        op->t0 > eng->last_finish_ns + WEFT_TUNE_PAUSE_NS);
+            op->tm->t[op->trial] = cut ? -t : t;
+        }
+        if (op->kind == OP_USER)
+            eng->last_tm = op->tm, eng->last_trial = op->trial;
         eng->last_finish_ns = now;
     }
     if (op->scratch)

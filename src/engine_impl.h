@@ -144,6 +144,10 @@ struct weft_engine {
     bool yield;                      /* spin with sched_yield: more ranks than cores */
     uint64_t last_event_ns;
     uint64_t last_finish_ns;         /* when the last user or sync op finished */
+    /* The last user op that finished: its measurement and trial (NULL, -1
+     * when it was none), to tell whether a trial followed the one before. */
+    const struct weft_tune_measure *last_tm;
+    int last_trial;
     struct self_send *selfq;         /* sends to ourselves not yet received */
     size_t selfq_head, selfq_n, selfq_cap;
 

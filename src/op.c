@@ -24,6 +24,7 @@ weft_status_t weft_engine_create(struct weft_comm *comm, struct weft_engine **ou
     if (eng == NULL)
         return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate the engine");
     eng->comm = comm;
+    eng->last_trial = -1;
     pthread_mutex_init(&eng->mu, NULL);
     pthread_cond_init(&eng->cv, NULL);
     int64_t chunk = weft_param_int("WEFT_CHUNK_SIZE");

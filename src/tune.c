@@ -275,17 +275,38 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+int weft_tune_run_calls(const struct weft_tune_measure *m)
+{
+    return m->reps / m->rounds;
+}
+
 int weft_tune_trial_cand(const struct weft_tune_measure *m, int i)
 {
-    return i / (m->reps / m->rounds) % m->ncand;
+    return i / weft_tune_run_calls(m) % m->ncand;
+}
+
+/* The calls of a run that count (tune.h), given where it was cut:
+ * [*from, *to). */
+static void run_span(const bool *cut, int run, int *from, int *to)
+{
+    int best = 0, len = 0;
+    for (int s = 0, e; s < run; s = e) {
+        for (e = s + 1; e < run && !cut[e]; e++)
+            ;
+        if (e - s > len)
+            best = s, len = e - s;
+    }
+    *from = 0, *to = run;
+    if (2 * len >= run)
+        *from = best, *to = best + len;
 }
 
 int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int nranks,
                      double *per_cand)
 {
-    int trials = m->ncand * m->reps, run = m->reps / m->rounds, best = 0;
-    /* Whether a run's first call is left out (see tune.h). */
-    int skip = run > 1 && m->coll != WEFT_COLL_BROADCAST && m->coll != WEFT_COLL_REDUCE;
+    int trials = m->ncand * m->reps, run = weft_tune_run_calls(m), best = 0;
+    /* Whether a stretch's first call is left out (see tune.h). */
+    bool rooted = m->coll == WEFT_COLL_BROADCAST || m->coll == WEFT_COLL_REDUCE;
     double tbest = INFINITY;
     for (int c = 0; c < m->ncand; c++) {
         /* Round q ran candidate c as calls (q * ncand + c) * run onwards,
@@ -293,16 +314,24 @@ int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int n
         double rounds[WEFT_TUNE_MAX_ROUNDS];
         int nr = 0;
         for (int q = 0; q < m->rounds; q++) {
-            int first = (q * m->ncand + c) * run;
+            int first = (q * m->ncand + c) * run, from, to;
+            /* A cut on one rank (its pause) is felt by all. */
+            bool cut[WEFT_TUNE_MAX_REPS] = {false};
+            for (int k = 0; k < nranks; k++)
+                for (int i = 1; i < run; i++) {
+                    double t = all[(size_t)k * (size_t)trials + (size_t)(first + i)];
+                    cut[i] |= isfinite(t) && signbit(t);
+                }
+            run_span(cut, run, &from, &to);
+            from += !rooted && to - from > 1;
             double slowest = -1;
             for (int k = 0; k < nranks; k++) {
+                const double *t = all + (size_t)k * (size_t)trials + (size_t)first;
                 double sum = 0;
                 int n = 0;
-                for (int i = first + skip; i < first + run; i++) {
-                    double t = all[(size_t)k * (size_t)trials + (size_t)i];
-                    if (isfinite(t))
-                        sum += t, n++;
-                }
+                for (int i = from; i < to; i++)
+                    if (isfinite(t[i]))
+                        sum += fabs(t[i]), n++;
                 if (n > 0)
                     slowest = fmax(slowest, sum / n);
             }
@@ -474,7 +503,7 @@ struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, 
             pl = m->cand[i + m->ncand], tk->m = NULL, tk->prime = true;
         else if (i < trials)
             pl = m->cand[weft_tune_trial_cand(m, i)], tk->trial = i,
-            tk->sync = i % (m->reps / m->rounds) == 0;
+            tk->sync = i % weft_tune_run_calls(m) == 0;
         else
             tk->pending = true, tk->decide = i == trials;
         pthread_mutex_unlock(&eng->mu);

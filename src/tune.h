@@ -107,6 +107,10 @@ int weft_tune_ranked(const struct weft_tune_in *in, int coll, size_t bytes, size
 #define WEFT_TUNE_BUDGET 10e-3
 #define WEFT_TUNE_MAX_REPS (WEFT_TUNE_MAX_ROUNDS * WEFT_TUNE_RUN_MAX)
 #define WEFT_TUNE_SPREAD 4.0 /* candidates: predicted at most this x the best */
+/* A gap between two calls of a run this long is the program's pause: the
+ * pipeline drains, and the next call fills it again.  Longer than the
+ * scheduler's time slices, which a loop meets too. */
+#define WEFT_TUNE_PAUSE_NS 5000000
 
 /* One size class being measured.  Owner: the communicator's tune cache;
  * `issued` is guarded by the engine's mutex, `t` written by the driver as
@@ -120,7 +124,12 @@ struct weft_tune_measure {
      * its busiest network port's bytes * beta (weft_sim_run).  0: no floor. */
     double floor[WEFT_TUNE_MAX_CANDS];
     int issued;                              /* calls of the class planned so far */
-    double t[WEFT_TUNE_MAX_CANDS * WEFT_TUNE_MAX_REPS]; /* this rank's seconds per trial */
+    /* This rank's seconds per trial, negated when the trial was cut from
+     * its run's call before on this rank: another op finished between
+     * them (a call of another class or collective, a send or receive), or
+     * it started WEFT_TUNE_PAUSE_NS or more after that call finished (the
+     * program paused: computed, waited on another communicator). */
+    double t[WEFT_TUNE_MAX_CANDS * WEFT_TUNE_MAX_REPS];
     _Atomic int decided;
     struct weft_plan plan;
 };
@@ -139,6 +148,9 @@ struct weft_tune_ticket {
  * ncand candidates, the best predicted to take secs a call. */
 void weft_tune_shape(int ncand, double secs, int64_t *reps, int64_t *rounds) WEFT_HIDDEN;
 
+/* The calls in one run of m. */
+int weft_tune_run_calls(const struct weft_tune_measure *m) WEFT_HIDDEN;
+
 /* The candidate trial i of m runs. */
 int weft_tune_trial_cand(const struct weft_tune_measure *m, int i) WEFT_HIDDEN;
 
@@ -154,6 +166,15 @@ int weft_tune_trial_cand(const struct weft_tune_measure *m, int i) WEFT_HIDDEN;
  * calls that wait for a descheduled peer now and then are part of it; and
  * the slowest rank sets the pace (a broadcast's root that sends and leaves
  * does not).
+ * A run that was cut (negated times, on any rank: the program called
+ * something else in between, or paused) is split at the cuts into
+ * stretches, each of which
+ * starts as a run does, its first call carrying a fresh fill (and for
+ * broadcast and reduce counted); the longest stretch stands for the run
+ * when it holds at least half its calls, so that a stray call of another
+ * class charges no candidate a second fill; otherwise the cuts are the
+ * program's own rhythm, falling on every candidate alike, and the whole
+ * run counts.
  * Its time is the median over the rounds, so one preempted call does not
  * decide; and no less than its floor: a run of a few calls can go faster
  * than any loop (a shaped link lets a burst through at full speed after the

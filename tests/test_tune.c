@@ -290,6 +290,58 @@ Test(decide, the_first_call_of_a_rooted_run_counts)
     cr_expect_float_eq(per[0], 5.0, 1e-12);
 }
 
+Test(decide, a_stray_call_of_another_class_charges_no_second_fill)
+{
+    /* The program called something else before candidate 0's last call
+     * (stored negated): the run's pipeline drained and filled again (13,
+     * as at the run's start).  The stretch before the cut stands: 37 / 7,
+     * less than candidate 1's 45 / 8, as their loops are. */
+    struct weft_tune_measure m = {.coll = WEFT_COLL_BROADCAST, .ncand = 2, .reps = 8,
+                                  .rounds = 1};
+    const double all[16] = {13, 4, 4, 4, 4, 4, 4, -13, 10, 5, 5, 5, 5, 5, 5, 5};
+    double per[WEFT_TUNE_MAX_CANDS];
+    cr_expect_eq(weft_tune_decide(&m, all, 1, per), 0);
+    cr_expect_float_eq(per[0], 37.0 / 7, 1e-12);
+    cr_expect_float_eq(per[1], 45.0 / 8, 1e-12);
+    /* Cut in the middle, an allgather's stretch drops its first call too;
+     * of two as long, the first stands. */
+    m.coll = WEFT_COLL_ALLGATHER;
+    m.reps = 6;
+    const double mid[12] = {50, 5, 5, -40, 7, 7, 50, 6, 6, 6, 6, 6};
+    cr_expect_eq(weft_tune_decide(&m, mid, 1, per), 0);
+    cr_expect_float_eq(per[0], 5.0, 1e-12);
+    cr_expect_float_eq(per[1], 6.0, 1e-12);
+}
+
+Test(decide, a_pause_on_one_rank_cuts_the_run_on_all)
+{
+    /* Rank 0, the root, paused before candidate 0's last call (its time
+     * negated); rank 1 paid for it in that call (13), a fresh fill.  The
+     * cut holds on rank 1 too: 37 / 7 against candidate 1's 45 / 8. */
+    struct weft_tune_measure m = {.coll = WEFT_COLL_BROADCAST, .ncand = 2, .reps = 8,
+                                  .rounds = 1};
+    const double all[2][16] = {{1, 1, 1, 1, 1, 1, 1, -1, 1, 1, 1, 1, 1, 1, 1, 1},
+                               {13, 4, 4, 4, 4, 4, 4, 13, 10, 5, 5, 5, 5, 5, 5, 5}};
+    double per[WEFT_TUNE_MAX_CANDS];
+    cr_expect_eq(weft_tune_decide(&m, &all[0][0], 2, per), 0);
+    cr_expect_float_eq(per[0], 37.0 / 7, 1e-12);
+    cr_expect_float_eq(per[1], 45.0 / 8, 1e-12);
+}
+
+Test(decide, calls_cut_all_along_count_whole)
+{
+    /* Every call of the runs followed another class's (the program
+     * alternates them): no stretch holds half a run, and the whole run
+     * counts, but for its first call. */
+    struct weft_tune_measure m = {.coll = WEFT_COLL_ALLREDUCE, .ncand = 2, .reps = 4,
+                                  .rounds = 1};
+    const double all[8] = {9, -6, -6, -6, 9, -7, -7, -7};
+    double per[WEFT_TUNE_MAX_CANDS];
+    cr_expect_eq(weft_tune_decide(&m, all, 1, per), 0);
+    cr_expect_float_eq(per[0], 6.0, 1e-12);
+    cr_expect_float_eq(per[1], 7.0, 1e-12);
+}
+
 Test(decide, a_wait_in_every_round_counts)
 {
     /* Candidate 0's calls are 5 but every few waits 50 for a descheduled

@@ -8,6 +8,7 @@
  * changes the set a communicator chooses from.
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -305,6 +306,43 @@ static int late_body(weft_comm_t comm, int rank, int p, void *arg)
 
 Test(measure, each_run_of_trials_starts_on_every_rank_together_3, .timeout = TIMEOUT_S)
 { job(3, "4", NULL, late_body); }
+
+/* Broadcasts of 8 bytes as in late_body (runs of 2 from call 2: trials
+ * 0-7 are calls 2-9), and an allreduce, another class, between calls 2
+ * and 3 and between calls 5 and 6, and rank 0 pausing 20 ms before call
+ * 9.  Every rank stores trial 1 negated, as cut from its run's call
+ * before, and rank 0 trial 7 too; no rank cuts a run's first trial (0, 2,
+ * 4, 6), behind its barrier, though 4 follows an allreduce.  (Another
+ * trial may be cut by a long enough preemption: not checked.) */
+static int cut_body(weft_comm_t comm, int rank, int p, void *arg)
+{
+    (void)arg;
+    (void)p;
+    float x[2] = {1, 2}, y = 1;
+    WT_CHECK_OK(rank, comm, "set_algo", weft_comm_set_algo(comm, "broadcast:ring,hier/ring"));
+    for (int i = 0; i < 12; i++) {
+        if (i == 3 || i == 6)
+            WT_CHECK_OK(rank, comm, "allreduce", weft_allreduce(&y, &y, 1, WEFT_FLOAT32, WEFT_SUM,
+                                                                comm));
+        if (i == 9 && rank == 0)
+            usleep(20000);
+        WT_CHECK_OK(rank, comm, "broadcast", weft_broadcast(x, x, 2, WEFT_FLOAT32, 0, comm));
+    }
+    struct weft_tune_measure *m =
+        comm->tune.measure[WEFT_COLL_BROADCAST][weft_tune_esize_index(4)][weft_tune_class(8)];
+    if (m == NULL || !atomic_load(&m->decided) || m->reps != 4 || m->rounds != 2)
+        return weft_test_fail(rank, "no finished measurement of 4 calls in 2 rounds");
+    for (int i = 0; i < m->ncand * m->reps; i++) {
+        bool cut = isfinite(m->t[i]) && signbit(m->t[i]);
+        if (i % 2 == 0 ? cut : !cut && (i == 1 || (i == 7 && rank == 0)))
+            return weft_test_fail(rank, "trial %d: %g, expected %s", i, m->t[i],
+                                  i % 2 ? "negated (cut)" : "a time");
+    }
+    return 0;
+}
+
+Test(measure, a_call_of_another_class_cuts_a_run_3, .timeout = TIMEOUT_S)
+{ job(3, "4", NULL, cut_body); }
 
 /* In a group, rank 0 sends 4 MiB to rank 1, which receives it, and then
  * both run a trial.  The send cannot finish before the receive is posted,
