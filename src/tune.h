@@ -168,13 +168,12 @@ int weft_tune_trial_cand(const struct weft_tune_measure *m, int i) WEFT_HIDDEN;
  * does not).
  * A run that was cut (negated times, on any rank: the program called
  * something else in between, or paused) is split at the cuts into
- * stretches, each of which
- * starts as a run does, its first call carrying a fresh fill (and for
- * broadcast and reduce counted); the longest stretch stands for the run
- * when it holds at least half its calls, so that a stray call of another
- * class charges no candidate a second fill; otherwise the cuts are the
- * program's own rhythm, falling on every candidate alike, and the whole
- * run counts.
+ * stretches, each of which starts as a run does, its first call carrying
+ * a fresh fill (and for broadcast and reduce counted); the longest
+ * stretch stands for the run when it holds at least half its calls, so
+ * that a stray call of another class charges no candidate a second fill;
+ * otherwise the cuts are the program's own rhythm, falling on every
+ * candidate alike, and the whole run counts.
  * Its time is the median over the rounds, so one preempted call does not
  * decide; and no less than its floor: a run of a few calls can go faster
  * than any loop (a shaped link lets a burst through at full speed after the
