@@ -362,7 +362,11 @@ static void cache_store(struct weft_tune_cache *c, int coll, int e, int cls, str
 
 /* WEFT_TUNE_TRIALS -1: as many rounds (1 to 3) as runs of 8 calls fit
  * WEFT_TUNE_BUDGET, by the model's clock: short calls are noisy and cheap,
- * long ones steady and dear.  A run must be long enough to reach the
+ * long ones steady and dear.  The budget was 10 ms; 4 ranks of one host
+ * run 512 KiB reduces in 100-200 us, which the model predicts at 350-550,
+ * and one round of runs of 8 timed direct and the double tree within
+ * 3-20% of the ring, whose loop is 33-60% faster, and chose them in some
+ * jobs.  At 40 ms such classes get 2 or 3 rounds.  A run must be long enough to reach the
  * loop's steady state, and to spread what its start costs.  On the 1
  * Gbit/s cluster runs of 4 (3 counted) timed 32 KiB ring broadcasts at 355
  * us and double tree ones at 300 us, whose loops take 280 and 410 us; runs

@@ -104,7 +104,7 @@ int weft_tune_ranked(const struct weft_tune_in *in, int coll, size_t bytes, size
 #define WEFT_TUNE_RUN_MIN 8
 #define WEFT_TUNE_RUN_MAX 80
 #define WEFT_TUNE_RUN_SECS 3e-3
-#define WEFT_TUNE_BUDGET 10e-3
+#define WEFT_TUNE_BUDGET 40e-3
 #define WEFT_TUNE_MAX_REPS (WEFT_TUNE_MAX_ROUNDS * WEFT_TUNE_RUN_MAX)
 #define WEFT_TUNE_SPREAD 4.0 /* candidates: predicted at most this x the best */
 /* A gap between two calls of a run this long is the program's pause: the

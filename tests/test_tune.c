@@ -207,7 +207,7 @@ Test(ranked, a_plan_that_runs_the_same_messages_as_another_is_ranked_once)
 /* ---- measured selection: the verdict ------------------------------------------- */
 
 /* WEFT_TUNE_TRIALS -1: runs of about 3 ms by the model (8 to 80 calls), as
- * many rounds (up to 3) as runs of 8 of every candidate fit in 10 ms. */
+ * many rounds (up to 3) as runs of 8 of every candidate fit in 40 ms. */
 Test(decide, runs_last_about_3_ms)
 {
     static const struct {
@@ -217,9 +217,11 @@ Test(decide, runs_last_about_3_ms)
     } cases[] = {
         {6, 10e-6, 240, 3},  /* 300 calls to 3 ms: runs of 80 */
         {6, 50e-6, 180, 3},  /* runs of 60; 8 of 6 candidates, 2.4 ms a round */
-        {6, 160e-6, 19, 1},  /* runs of 19 (18.75 to 3 ms); 7.7 ms a round */
+        {6, 160e-6, 57, 3},  /* runs of 19 (18.75 to 3 ms); 7.7 ms of 8 a round */
         {2, 100e-6, 90, 3},  /* runs of 30 */
-        {4, 125e-6, 48, 2},  /* runs of 24; 4 ms a round */
+        {4, 125e-6, 72, 3},  /* runs of 24 */
+        {6, 400e-6, 16, 2},  /* runs of 8 (7.5 to 3 ms); 19.2 ms a round */
+        {6, 600e-6, 8, 1},   /* 28.8 ms a round: one */
         {6, 5e-3, 8, 1},     /* a round over budget still runs once, 8 calls */
         {6, 1e-300, 240, 3}, /* no overflow on a degenerate prediction */
     };
