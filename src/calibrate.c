@@ -74,14 +74,14 @@ static weft_status_t cal_exchange(struct weft_comm *comm, int peer, bool pinger,
     void *conn = comm->conns[peer], *rs = NULL, *rr = NULL;
     uint64_t t0 = weft_now_ns();
     if (pinger) {
-        WEFT_CHECK(ops->isend(conn, out, bytes, NULL, &rs));
-        WEFT_CHECK(ops->irecv(conn, in, bytes, NULL, &rr));
+        WEFT_CHECK(ops->isend(conn, out, bytes, &rs));
+        WEFT_CHECK(ops->irecv(conn, in, bytes, &rr));
         WEFT_CHECK(cal_wait(comm, peer, rs, deadline));
         WEFT_CHECK(cal_wait(comm, peer, rr, deadline));
     } else {
-        WEFT_CHECK(ops->irecv(conn, in, bytes, NULL, &rr));
+        WEFT_CHECK(ops->irecv(conn, in, bytes, &rr));
         WEFT_CHECK(cal_wait(comm, peer, rr, deadline));
-        WEFT_CHECK(ops->isend(conn, out, bytes, NULL, &rs));
+        WEFT_CHECK(ops->isend(conn, out, bytes, &rs));
         WEFT_CHECK(cal_wait(comm, peer, rs, deadline));
     }
     *seconds = (double)(weft_now_ns() - t0) * 0.5e-9;

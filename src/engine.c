@@ -303,11 +303,11 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
                 continue;
             }
             case WEFT_STEP_SEND:
-                st = t->isend(conn, step_ptr(op, s->buf, s->off), bytes, NULL, &op->treq[i]);
+                st = t->isend(conn, step_ptr(op, s->buf, s->off), bytes, &op->treq[i]);
                 eng->stats.sends++;
                 break;
             case WEFT_STEP_RECV:
-                st = t->irecv(conn, step_ptr(op, s->buf, s->off), bytes, NULL, &op->treq[i]);
+                st = t->irecv(conn, step_ptr(op, s->buf, s->off), bytes, &op->treq[i]);
                 break;
             case WEFT_STEP_RECV_REDUCE: {
                 int32_t slot = eng->free_slots[--eng->nfree_slots];
@@ -318,7 +318,7 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
                     rr->staged = 0;
                     st = t->irecv_take(conn, stage, bytes, take_chunk, rr, &op->treq[i]);
                 } else {
-                    st = t->irecv(conn, stage, bytes, NULL, &op->treq[i]);
+                    st = t->irecv(conn, stage, bytes, &op->treq[i]);
                 }
                 if (st != WEFT_OK)
                     eng->free_slots[eng->nfree_slots++] = slot;

@@ -287,7 +287,7 @@ void wait_all(struct rank_env *e, void **reqs, size_t n, size_t *bytes, int limi
 void send_ok(struct rank_env *e, int peer, const void *buf, size_t n)
 {
     void *r = NULL;
-    CHECK(T->isend(e->conn[peer], buf, n, NULL, &r) == WEFT_OK);
+    CHECK(T->isend(e->conn[peer], buf, n, &r) == WEFT_OK);
     CHECK(wait_req(e, r, NULL, 20000) == WEFT_OK);
 }
 
@@ -295,7 +295,7 @@ size_t recv_ok(struct rank_env *e, int peer, void *buf, size_t n)
 {
     void *r = NULL;
     size_t got = 0;
-    CHECK(T->irecv(e->conn[peer], buf, n, NULL, &r) == WEFT_OK);
+    CHECK(T->irecv(e->conn[peer], buf, n, &r) == WEFT_OK);
     CHECK(wait_req(e, r, &got, 20000) == WEFT_OK);
     return got;
 }
@@ -307,8 +307,8 @@ void warm_up(struct rank_env *e, int peer)
     fill(out, sizeof(out), 99);
     void *reqs[2];
     size_t got[2];
-    CHECK(T->irecv(e->conn[peer], in, sizeof(in), NULL, &reqs[0]) == WEFT_OK);
-    CHECK(T->isend(e->conn[peer], out, sizeof(out), NULL, &reqs[1]) == WEFT_OK);
+    CHECK(T->irecv(e->conn[peer], in, sizeof(in), &reqs[0]) == WEFT_OK);
+    CHECK(T->isend(e->conn[peer], out, sizeof(out), &reqs[1]) == WEFT_OK);
     wait_all(e, reqs, 2, got, 20000);
     CHECK(got[0] == sizeof(in) && verify(in, sizeof(in), 99) == sizeof(in));
 }

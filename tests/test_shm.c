@@ -228,9 +228,9 @@ static int sc_both_ways(struct rank_env *e)
         fill(out[i], sizes[i], (uint32_t)(e->rank * 10 + i));
     }
     for (int i = 0; i < N; i++)
-        CHECK(T->isend(e->conn[peer], out[i], sizes[i], NULL, &reqs[i]) == WEFT_OK);
+        CHECK(T->isend(e->conn[peer], out[i], sizes[i], &reqs[i]) == WEFT_OK);
     for (int i = 0; i < N; i++)
-        CHECK(T->irecv(e->conn[peer], in[i], sizes[i], NULL, &reqs[N + i]) == WEFT_OK);
+        CHECK(T->irecv(e->conn[peer], in[i], sizes[i], &reqs[N + i]) == WEFT_OK);
     wait_all(e, reqs, 2 * N, got, 60000);
     for (int i = 0; i < N; i++) {
         CHECK(got[i] == sizes[i] && got[N + i] == sizes[i]);
@@ -272,10 +272,10 @@ static int sc_many_small(struct rank_env *e)
     memset(in, 0xEE, NSMALL * 256);
     for (int i = 0; i < NSMALL; i++) {
         fill(out + i * 256, small_len(i), (uint32_t)(e->rank * 100000 + i));
-        CHECK(T->isend(e->conn[peer], out + i * 256, small_len(i), NULL, &reqs[i]) == WEFT_OK);
+        CHECK(T->isend(e->conn[peer], out + i * 256, small_len(i), &reqs[i]) == WEFT_OK);
     }
     for (int i = 0; i < NSMALL; i++)
-        CHECK(T->irecv(e->conn[peer], in + i * 256, 256, NULL, &reqs[NSMALL + i]) == WEFT_OK);
+        CHECK(T->irecv(e->conn[peer], in + i * 256, 256, &reqs[NSMALL + i]) == WEFT_OK);
     wait_all(e, reqs, 2 * NSMALL, got, 30000);
     for (int i = 0; i < NSMALL; i++) {
         size_t n = small_len(i);
@@ -315,8 +315,8 @@ static int sc_all_to_all(struct rank_env *e)
             in[p][i] = malloc(cap);
             CHECK(out[p][i] && in[p][i]);
             fill(out[p][i], len, (uint32_t)(e->rank * 1000 + p * 100 + i));
-            CHECK(T->irecv(e->conn[p], in[p][i], cap, NULL, &reqs[nreq++]) == WEFT_OK);
-            CHECK(T->isend(e->conn[p], out[p][i], len, NULL, &reqs[nreq++]) == WEFT_OK);
+            CHECK(T->irecv(e->conn[p], in[p][i], cap, &reqs[nreq++]) == WEFT_OK);
+            CHECK(T->isend(e->conn[p], out[p][i], len, &reqs[nreq++]) == WEFT_OK);
         }
     }
     wait_all(e, reqs, nreq, got, 60000);
@@ -390,10 +390,10 @@ static int sc_long_into_short(struct rank_env *e)
         CHECK(big != NULL);
         fill(big, g_long, 1);
         void *r = NULL;
-        CHECK(T->isend(e->conn[1], big, g_long, NULL, &r) == WEFT_OK);
+        CHECK(T->isend(e->conn[1], big, g_long, &r) == WEFT_OK);
         weft_status_t st = wait_req(e, r, NULL, 10000);
         CHECK(st == WEFT_OK || st == WEFT_ERR_REMOTE);
-        CHECK(T->irecv(e->conn[1], in, sizeof(in), NULL, &r) == WEFT_OK);
+        CHECK(T->irecv(e->conn[1], in, sizeof(in), &r) == WEFT_OK);
         st = wait_req(e, r, NULL, 5000);
         CHECKF(st == WEFT_ERR_REMOTE, "sender got %s", weft_status_string(st));
         const char *msg = weft_thread_last_error();
@@ -404,7 +404,7 @@ static int sc_long_into_short(struct rank_env *e)
         uint8_t small[1024];
         memset(small, 0xEE, sizeof(small));
         void *r = NULL;
-        CHECK(T->irecv(e->conn[0], small, sizeof(small), NULL, &r) == WEFT_OK);
+        CHECK(T->irecv(e->conn[0], small, sizeof(small), &r) == WEFT_OK);
         weft_status_t st = wait_req(e, r, NULL, 10000);
         CHECKF(st == WEFT_ERR_REMOTE, "receiver got %s", weft_status_string(st));
         const char *msg = weft_thread_last_error();
@@ -414,9 +414,9 @@ static int sc_long_into_short(struct rank_env *e)
         CHECKF(strstr(msg, want), "%s", msg);
         CHECK(all_bytes(small, sizeof(small), 0xEE));
         /* Later requests on the failed connection fail the same way. */
-        CHECK(T->irecv(e->conn[0], small, sizeof(small), NULL, &r) == WEFT_OK);
+        CHECK(T->irecv(e->conn[0], small, sizeof(small), &r) == WEFT_OK);
         CHECK(wait_req(e, r, NULL, 1000) == WEFT_ERR_REMOTE);
-        CHECK(T->isend(e->conn[0], small, 8, NULL, &r) == WEFT_OK);
+        CHECK(T->isend(e->conn[0], small, 8, &r) == WEFT_OK);
         CHECK(wait_req(e, r, NULL, 1000) == WEFT_ERR_REMOTE);
         /* Alive until rank 0 has seen the failure: the failure record
          * must tell it, not our exit. */
@@ -574,7 +574,7 @@ static int sc_killed_peer(struct rank_env *e)
     void *r = NULL;
     if (e->rank == 1) {
         if (g_victim_sends)
-            CHECK(T->isend(e->conn[0], buf, n, NULL, &r) == WEFT_OK);
+            CHECK(T->isend(e->conn[0], buf, n, &r) == WEFT_OK);
         tell_parent(e);
         for (;;)
             pause();
@@ -583,9 +583,9 @@ static int sc_killed_peer(struct rank_env *e)
      * drains the ring while the isend still fills it takes all 64 MiB. */
     progress_until_go(e, 20000);
     if (g_victim_sends)
-        CHECK(T->irecv(e->conn[1], buf, n, NULL, &r) == WEFT_OK);
+        CHECK(T->irecv(e->conn[1], buf, n, &r) == WEFT_OK);
     else
-        CHECK(T->isend(e->conn[1], buf, n, NULL, &r) == WEFT_OK);
+        CHECK(T->isend(e->conn[1], buf, n, &r) == WEFT_OK);
     tell_parent(e);
     weft_status_t st = g_never_wait ? wait_no_sleep(e, r, 10000) : wait_req(e, r, NULL, 10000);
     uint64_t now = weft_now_ns();
@@ -596,7 +596,7 @@ static int sc_killed_peer(struct rank_env *e)
     const char *msg = weft_thread_last_error();
     CHECKF(strstr(msg, "rank 1 (pid ") && strstr(msg, ") exited"), "%s", msg);
     /* Sticky. */
-    CHECK(T->irecv(e->conn[1], buf, 8, NULL, &r) == WEFT_OK);
+    CHECK(T->irecv(e->conn[1], buf, 8, &r) == WEFT_OK);
     CHECK(wait_req(e, r, NULL, 1000) == WEFT_ERR_REMOTE);
     free(buf);
     return 0;
@@ -652,7 +652,7 @@ static int sc_peer_finalized(struct rank_env *e)
     usleep(200000);
     CHECK(recv_ok(e, 1, buf, sizeof(buf)) == 8 && buf[7] == 8);
     void *r = NULL;
-    CHECK(T->irecv(e->conn[1], buf, sizeof(buf), NULL, &r) == WEFT_OK);
+    CHECK(T->irecv(e->conn[1], buf, sizeof(buf), &r) == WEFT_OK);
     weft_status_t st = wait_req(e, r, NULL, 5000);
     CHECKF(st == WEFT_ERR_REMOTE, "got %s", weft_status_string(st));
     const char *msg = weft_thread_last_error();
@@ -681,7 +681,7 @@ static int sc_sleep_wake(struct rank_env *e)
         return 0;
     }
     void *r = NULL;
-    CHECK(T->irecv(e->conn[1], buf, sizeof(buf), NULL, &r) == WEFT_OK);
+    CHECK(T->irecv(e->conn[1], buf, sizeof(buf), &r) == WEFT_OK);
     uint64_t t0 = weft_now_ns();
     int done = 0, sleeps = 0;
     while (!done) {
@@ -1030,11 +1030,11 @@ static int sc_finalize_pending(struct rank_env *e)
     int peer = 1 - e->rank;
     void *r[5];
     warm_up(e, peer);
-    CHECK(T->irecv(e->conn[peer], in[0], sizeof(in[0]), NULL, &r[0]) == WEFT_OK);
-    CHECK(T->irecv(e->conn[peer], in[1], sizeof(in[1]), NULL, &r[1]) == WEFT_OK);
-    CHECK(T->irecv(e->conn[peer], in[1], sizeof(in[1]), NULL, &r[2]) == WEFT_OK);
-    CHECK(T->isend(e->conn[peer], out, sizeof(out), NULL, &r[3]) == WEFT_OK);
-    CHECK(T->isend(e->conn[peer], out, sizeof(out), NULL, &r[4]) == WEFT_OK);
+    CHECK(T->irecv(e->conn[peer], in[0], sizeof(in[0]), &r[0]) == WEFT_OK);
+    CHECK(T->irecv(e->conn[peer], in[1], sizeof(in[1]), &r[1]) == WEFT_OK);
+    CHECK(T->irecv(e->conn[peer], in[1], sizeof(in[1]), &r[2]) == WEFT_OK);
+    CHECK(T->isend(e->conn[peer], out, sizeof(out), &r[3]) == WEFT_OK);
+    CHECK(T->isend(e->conn[peer], out, sizeof(out), &r[4]) == WEFT_OK);
     CHECK(T->progress(e->ctx, 0) == WEFT_OK);
     return 0;
 }

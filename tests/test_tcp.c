@@ -82,9 +82,9 @@ static int sc_both_ways(struct rank_env *e)
     }
     /* Sends first: each side is writing while the other has not posted. */
     for (int i = 0; i < N; i++)
-        CHECK(T->isend(e->conn[peer], out[i], sizes[i], NULL, &reqs[i]) == WEFT_OK);
+        CHECK(T->isend(e->conn[peer], out[i], sizes[i], &reqs[i]) == WEFT_OK);
     for (int i = 0; i < N; i++)
-        CHECK(T->irecv(e->conn[peer], in[i], sizes[i], NULL, &reqs[N + i]) == WEFT_OK);
+        CHECK(T->irecv(e->conn[peer], in[i], sizes[i], &reqs[N + i]) == WEFT_OK);
     wait_all(e, reqs, 2 * N, got, 60000);
     for (int i = 0; i < N; i++) {
         CHECK(got[i] == sizes[i] && got[N + i] == sizes[i]);
@@ -123,10 +123,10 @@ static int sc_many_small(struct rank_env *e)
     memset(in, 0xEE, NSMALL * 256);
     for (int i = 0; i < NSMALL; i++) {
         fill(out + i * 256, small_len(i), (uint32_t)(e->rank * 100000 + i));
-        CHECK(T->isend(e->conn[peer], out + i * 256, small_len(i), NULL, &reqs[i]) == WEFT_OK);
+        CHECK(T->isend(e->conn[peer], out + i * 256, small_len(i), &reqs[i]) == WEFT_OK);
     }
     for (int i = 0; i < NSMALL; i++)
-        CHECK(T->irecv(e->conn[peer], in + i * 256, 256, NULL, &reqs[NSMALL + i]) == WEFT_OK);
+        CHECK(T->irecv(e->conn[peer], in + i * 256, 256, &reqs[NSMALL + i]) == WEFT_OK);
     wait_all(e, reqs, 2 * NSMALL, got, 30000);
     for (int i = 0; i < NSMALL; i++) {
         size_t n = small_len(i);
@@ -222,10 +222,10 @@ static int sc_long_into_short(struct rank_env *e)
         uint8_t big[4096], in[16];
         fill(big, sizeof(big), 1);
         void *r = NULL;
-        CHECK(T->isend(e->conn[1], big, sizeof(big), NULL, &r) == WEFT_OK);
+        CHECK(T->isend(e->conn[1], big, sizeof(big), &r) == WEFT_OK);
         weft_status_t st = wait_req(e, r, NULL, 10000);
         CHECK(st == WEFT_OK || st == WEFT_ERR_REMOTE);
-        CHECK(T->irecv(e->conn[1], in, sizeof(in), NULL, &r) == WEFT_OK);
+        CHECK(T->irecv(e->conn[1], in, sizeof(in), &r) == WEFT_OK);
         st = wait_req(e, r, NULL, 5000);
         CHECKF(st == WEFT_ERR_REMOTE, "sender got %s", weft_status_string(st));
         CHECK(strstr(weft_thread_last_error(), "rank 1") != NULL);
@@ -234,7 +234,7 @@ static int sc_long_into_short(struct rank_env *e)
         uint8_t small[1024];
         memset(small, 0xEE, sizeof(small));
         void *r = NULL;
-        CHECK(T->irecv(e->conn[0], small, sizeof(small), NULL, &r) == WEFT_OK);
+        CHECK(T->irecv(e->conn[0], small, sizeof(small), &r) == WEFT_OK);
         weft_status_t st = wait_req(e, r, NULL, 10000);
         CHECKF(st == WEFT_ERR_REMOTE, "receiver got %s", weft_status_string(st));
         const char *msg = weft_thread_last_error();
@@ -242,9 +242,9 @@ static int sc_long_into_short(struct rank_env *e)
                msg);
         CHECK(all_bytes(small, sizeof(small), 0xEE));
         /* Later requests on the failed connection fail the same way. */
-        CHECK(T->irecv(e->conn[0], small, sizeof(small), NULL, &r) == WEFT_OK);
+        CHECK(T->irecv(e->conn[0], small, sizeof(small), &r) == WEFT_OK);
         CHECK(wait_req(e, r, NULL, 1000) == WEFT_ERR_REMOTE);
-        CHECK(T->isend(e->conn[0], small, 8, NULL, &r) == WEFT_OK);
+        CHECK(T->isend(e->conn[0], small, 8, &r) == WEFT_OK);
         CHECK(wait_req(e, r, NULL, 1000) == WEFT_ERR_REMOTE);
         /* Alive until rank 0 has seen the failure: the closed sockets must
          * tell it, not our exit. */
@@ -275,7 +275,7 @@ static int sc_killed_peer(struct rank_env *e)
     }
     uint8_t buf[64];
     void *r = NULL;
-    CHECK(T->irecv(e->conn[1], buf, sizeof(buf), NULL, &r) == WEFT_OK);
+    CHECK(T->irecv(e->conn[1], buf, sizeof(buf), &r) == WEFT_OK);
     tell_parent(e);
     weft_status_t st = wait_req(e, r, NULL, 10000);
     uint64_t now = weft_now_ns();
@@ -429,7 +429,7 @@ static int sc_forged_frame(struct rank_env *e)
     uint8_t buf[1024];
     memset(buf, 0xEE, sizeof(buf));
     void *r = NULL;
-    CHECK(T->irecv(e->conn[1], buf, sizeof(buf), NULL, &r) == WEFT_OK);
+    CHECK(T->irecv(e->conn[1], buf, sizeof(buf), &r) == WEFT_OK);
     weft_status_t st = wait_req(e, r, NULL, 20000);
     CHECKF(st == WEFT_ERR_REMOTE, "got %s", weft_status_string(st));
     CHECK(all_bytes(buf, sizeof(buf), 0xEE));
@@ -526,8 +526,8 @@ static int sc_all_to_all(struct rank_env *e)
             in[p][i] = malloc(cap);
             CHECK(out[p][i] && in[p][i]);
             fill(out[p][i], len, (uint32_t)(e->rank * 1000 + p * 100 + i));
-            CHECK(T->irecv(e->conn[p], in[p][i], cap, NULL, &reqs[nreq++]) == WEFT_OK);
-            CHECK(T->isend(e->conn[p], out[p][i], len, NULL, &reqs[nreq++]) == WEFT_OK);
+            CHECK(T->irecv(e->conn[p], in[p][i], cap, &reqs[nreq++]) == WEFT_OK);
+            CHECK(T->isend(e->conn[p], out[p][i], len, &reqs[nreq++]) == WEFT_OK);
         }
     }
     wait_all(e, reqs, nreq, got, 60000);
@@ -562,7 +562,7 @@ static int sc_setup_failures(struct rank_env *e)
     char want[64];
     void *r = NULL;
     uint64_t t0 = weft_now_ns();
-    CHECK(T->isend(e->conn[1], buf, sizeof(buf), NULL, &r) == WEFT_OK);
+    CHECK(T->isend(e->conn[1], buf, sizeof(buf), &r) == WEFT_OK);
     weft_status_t st = wait_req(e, r, NULL, 10000);
     uint64_t ms = (weft_now_ns() - t0) / 1000000;
     CHECKF(st == WEFT_ERR_TIMEOUT, "silent listener: %s", weft_status_string(st));
@@ -571,10 +571,10 @@ static int sc_setup_failures(struct rank_env *e)
     weft_sock_str(&e->w->addr[1], want, sizeof(want));
     CHECKF(strstr(msg, "rank 1") && strstr(msg, want), "%s", msg);
     /* The failure is sticky for that peer. */
-    CHECK(T->isend(e->conn[1], buf, sizeof(buf), NULL, &r) == WEFT_OK);
+    CHECK(T->isend(e->conn[1], buf, sizeof(buf), &r) == WEFT_OK);
     CHECK(wait_req(e, r, NULL, 1000) == WEFT_ERR_TIMEOUT);
 
-    CHECK(T->isend(e->conn[2], buf, sizeof(buf), NULL, &r) == WEFT_OK);
+    CHECK(T->isend(e->conn[2], buf, sizeof(buf), &r) == WEFT_OK);
     st = wait_req(e, r, NULL, 10000);
     CHECKF(st == WEFT_ERR_REMOTE, "refused: %s", weft_status_string(st));
     msg = weft_thread_last_error();
@@ -679,8 +679,8 @@ Test(tcp, bad_arguments, .timeout = 30)
     cr_expect(strstr(weft_thread_last_error(), "address family") != NULL);
     cr_assert_eq(T->connect(ctx, 1, addr, len, &conn), WEFT_OK);
     void *r = NULL;
-    cr_expect_eq(T->isend(conn, NULL, 5, NULL, &r), WEFT_ERR_INVALID_ARG);
-    cr_expect_eq(T->irecv(NULL, addr, 5, NULL, &r), WEFT_ERR_INVALID_ARG);
+    cr_expect_eq(T->isend(conn, NULL, 5, &r), WEFT_ERR_INVALID_ARG);
+    cr_expect_eq(T->irecv(NULL, addr, 5, &r), WEFT_ERR_INVALID_ARG);
     T->finalize(ctx);
 }
 
@@ -705,11 +705,11 @@ static int sc_finalize_pending(struct rank_env *e)
     int peer = 1 - e->rank;
     void *r[5];
     warm_up(e, peer);
-    CHECK(T->irecv(e->conn[peer], in[0], sizeof(in[0]), NULL, &r[0]) == WEFT_OK);
-    CHECK(T->irecv(e->conn[peer], in[1], sizeof(in[1]), NULL, &r[1]) == WEFT_OK);
-    CHECK(T->irecv(e->conn[peer], in[1], sizeof(in[1]), NULL, &r[2]) == WEFT_OK);
-    CHECK(T->isend(e->conn[peer], out, sizeof(out), NULL, &r[3]) == WEFT_OK);
-    CHECK(T->isend(e->conn[peer], out, sizeof(out), NULL, &r[4]) == WEFT_OK);
+    CHECK(T->irecv(e->conn[peer], in[0], sizeof(in[0]), &r[0]) == WEFT_OK);
+    CHECK(T->irecv(e->conn[peer], in[1], sizeof(in[1]), &r[1]) == WEFT_OK);
+    CHECK(T->irecv(e->conn[peer], in[1], sizeof(in[1]), &r[2]) == WEFT_OK);
+    CHECK(T->isend(e->conn[peer], out, sizeof(out), &r[3]) == WEFT_OK);
+    CHECK(T->isend(e->conn[peer], out, sizeof(out), &r[4]) == WEFT_OK);
     CHECK(T->progress(e->ctx, 0) == WEFT_OK);
     return 0;
 }

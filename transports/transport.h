@@ -2,7 +2,7 @@
  * transport.h - the one vtable every transport implements (tcp, shm,
  * verbs).  Shaped after NCCL's net plugin: a per-communicator context,
  * a connection per peer, non-blocking isend/irecv/test, optional memory
- * registration and one-sided put-with-notify, and an explicit progress call.
+ * registration, and an explicit progress call.
  * Transports move bytes between pairs and know nothing about collectives.
  */
 #ifndef WEFT_TRANSPORT_H
@@ -61,8 +61,8 @@ struct weft_transport_ops {
     /* Optional (NULL in tcp): memory handles for zero-copy transports. */
     weft_status_t (*reg_mem)(void *ctx, void *buf, size_t bytes, void **mh);
     weft_status_t (*dereg_mem)(void *ctx, void *mh);
-    weft_status_t (*isend)(void *conn, const void *buf, size_t bytes, void *mh, void **req);
-    weft_status_t (*irecv)(void *conn, void *buf, size_t bytes, void *mh, void **req);
+    weft_status_t (*isend)(void *conn, const void *buf, size_t bytes, void **req);
+    weft_status_t (*irecv)(void *conn, void *buf, size_t bytes, void **req);
     /* Optional (shm): a receive whose bytes the caller may consume straight
      * out of the transport's memory.  Each chunk, in order, is offered as
      * take(arg, off, data, len): true means the caller consumed it; false
@@ -75,10 +75,6 @@ struct weft_transport_ops {
     /* *done = 1: the request is finished and freed; *bytes holds the length
      * moved.  An error return also frees the request. */
     weft_status_t (*test)(void *req, int *done, size_t *bytes);
-    /* Optional (NULL in tcp): one-sided write into a registered remote
-     * region with a notification the peer sees as a completed irecv. */
-    weft_status_t (*put_notify)(void *conn, const void *buf, size_t bytes, void *mh,
-                                uint64_t remote_off, void **req);
     /* Moves bytes on every connection and accepts new ones; waits at most
      * timeout_ms (0: do not wait) for something to happen.  Returns an error
      * only when the whole context is unusable. */

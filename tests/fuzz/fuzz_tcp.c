@@ -146,7 +146,7 @@ static void stream(struct fuzz_in *in)
     st->state = ST_READY;
     tcp_stream_sync(st);
     for (int k = 0; k < nreq; k++)
-        FUZZ_CHECK(weft_tcp_ops.irecv(c, buf[k], posted[k], NULL, &req[k]) == WEFT_OK,
+        FUZZ_CHECK(weft_tcp_ops.irecv(c, buf[k], posted[k], &req[k]) == WEFT_OK,
                    "irecv %d", k);
     size_t sent = 0;
     while (sent < in->n) {

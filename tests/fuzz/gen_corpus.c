@@ -239,7 +239,7 @@ static size_t real_stream(const size_t *sizes, int n, uint8_t *out, size_t cap)
         payload[i] = (uint8_t)(i * 131 + 7);
     void *req[16];
     for (int k = 0; k < n; k++)
-        if (weft_tcp_ops.isend(c, payload, sizes[k], NULL, &req[k]) != WEFT_OK)
+        if (weft_tcp_ops.isend(c, payload, sizes[k], &req[k]) != WEFT_OK)
             die("isend");
     for (int i = 0; i < 100 && st->head; i++)
         weft_tcp_ops.progress(ctx, 0);

@@ -620,7 +620,7 @@ static weft_status_t shm_post(struct shm_conn *c, bool is_send, void *buf, size_
     return WEFT_OK;
 }
 
-static weft_status_t shm_isend(void *conn, const void *buf, size_t bytes, void *mh, void **req)
+static weft_status_t shm_isend(void *conn, const void *buf, size_t bytes, void **req)
 {
     struct shm_conn *c = conn;
     if (c == NULL || req == NULL || (buf == NULL && bytes > 0))
@@ -629,7 +629,7 @@ static weft_status_t shm_isend(void *conn, const void *buf, size_t bytes, void *
     return shm_post(c, true, (void *)(uintptr_t)buf, bytes, NULL, NULL, req);
 }
 
-static weft_status_t shm_irecv(void *conn, void *buf, size_t bytes, void *mh, void **req)
+static weft_status_t shm_irecv(void *conn, void *buf, size_t bytes, void **req)
 {
     struct shm_conn *c = conn;
     if (c == NULL || req == NULL || (buf == NULL && bytes > 0))
@@ -688,7 +688,6 @@ const struct weft_transport_ops weft_shm_ops = {
     .irecv = shm_irecv,
     .irecv_take = shm_irecv_take,
     .test = shm_test,
-    .put_notify = NULL,
     .progress = shm_progress,
     .wakeup = shm_wakeup,
     .abort = shm_abort,

@@ -426,7 +426,7 @@ static weft_status_t tcp_post(struct tcp_conn *c, bool is_send, void *buf, size_
     return WEFT_OK;
 }
 
-static weft_status_t tcp_isend(void *conn, const void *buf, size_t bytes, void *mh, void **req)
+static weft_status_t tcp_isend(void *conn, const void *buf, size_t bytes, void **req)
 {
     struct tcp_conn *c = conn;
     if (c == NULL || req == NULL || (buf == NULL && bytes > 0))
@@ -435,7 +435,7 @@ static weft_status_t tcp_isend(void *conn, const void *buf, size_t bytes, void *
     return tcp_post(c, true, (void *)(uintptr_t)buf, bytes, req);
 }
 
-static weft_status_t tcp_irecv(void *conn, void *buf, size_t bytes, void *mh, void **req)
+static weft_status_t tcp_irecv(void *conn, void *buf, size_t bytes, void **req)
 {
     struct tcp_conn *c = conn;
     if (c == NULL || req == NULL || (buf == NULL && bytes > 0))
@@ -593,7 +593,6 @@ const struct weft_transport_ops weft_tcp_ops = {
     .isend = tcp_isend,
     .irecv = tcp_irecv,
     .test = tcp_test,
-    .put_notify = NULL,
     .progress = tcp_progress,
     .wakeup = tcp_wakeup,
     .abort = tcp_abort,

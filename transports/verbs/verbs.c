@@ -93,7 +93,7 @@ void vb_conn_fail(struct vb_conn *c, weft_status_t st, const char *fmt, ...)
     static const uint8_t failed = VB_FAILED_BYTE;
     void *req;
     if (c->oob)
-        (void)c->ctx->oob_ops->isend(c->oob, &failed, 1, NULL, &req); /* down too: nothing to tell */
+        (void)c->ctx->oob_ops->isend(c->oob, &failed, 1, &req); /* down too: nothing to tell */
     /* The queue pairs go to the error state: the hardware stops touching
      * our buffers and flushes every outstanding work request, so the
      * requests in flight learn of it from their completions. */
@@ -509,15 +509,13 @@ static weft_status_t post(void *vconn, void *buf, size_t bytes, bool is_send, vo
     return WEFT_OK;
 }
 
-static weft_status_t vb_isend(void *conn, const void *buf, size_t bytes, void *mh, void **req)
+static weft_status_t vb_isend(void *conn, const void *buf, size_t bytes, void **req)
 {
-    (void)mh;
     return post(conn, (void *)buf, bytes, true, req);
 }
 
-static weft_status_t vb_irecv(void *conn, void *buf, size_t bytes, void *mh, void **req)
+static weft_status_t vb_irecv(void *conn, void *buf, size_t bytes, void **req)
 {
-    (void)mh;
     return post(conn, buf, bytes, false, req);
 }
 

@@ -171,7 +171,7 @@ weft_status_t vb_conn_start(struct vb_conn *c)
     c->mine.mtu = htole32(ctx->me.mtu);
     c->mine.lid = htole32(ctx->me.lid);
     memcpy(c->mine.gid, ctx->me.gid, 16);
-    weft_status_t st = ctx->oob_ops->isend(c->oob, &c->mine, sizeof(c->mine), NULL, &c->oob_sreq[0]);
+    weft_status_t st = ctx->oob_ops->isend(c->oob, &c->mine, sizeof(c->mine), &c->oob_sreq[0]);
     if (st != WEFT_OK) {
         vb_conn_fail(c, st, "rank %d: cannot send queue pair info to rank %d: %s", ctx->rank,
                      c->peer, weft_thread_last_error());
@@ -197,7 +197,7 @@ void vb_conn_try_ready(struct vb_conn *c)
     c->peer_fifo = le64toh(t->fifo_addr);
     c->peer_fifo_rkey = le32toh(t->fifo_rkey);
     c->ready_out = htole32(VB_READY_MAGIC);
-    weft_status_t st = ctx->oob_ops->isend(c->oob, &c->ready_out, sizeof(c->ready_out), NULL,
+    weft_status_t st = ctx->oob_ops->isend(c->oob, &c->ready_out, sizeof(c->ready_out),
                                            &c->oob_sreq[1]);
     if (st != WEFT_OK) {
         vb_conn_fail(c, st, "rank %d: cannot send ready to rank %d: %s", ctx->rank, c->peer,
@@ -319,7 +319,7 @@ static void oob_received(struct vb_conn *c, weft_status_t st, size_t n)
         }
         c->got_info = true;
         c->phase = VB_PH_READY;
-        st = ctx->oob_ops->irecv(c->oob, &c->ready_in, sizeof(c->ready_in), NULL, &c->oob_rreq);
+        st = ctx->oob_ops->irecv(c->oob, &c->ready_in, sizeof(c->ready_in), &c->oob_rreq);
         if (st != WEFT_OK)
             break;
         /* By hand now; through rdma_cm the lower rank calls, the other
@@ -338,7 +338,7 @@ static void oob_received(struct vb_conn *c, weft_status_t st, size_t n)
         }
         c->peer_ready = true;
         c->phase = VB_PH_WATCH;
-        st = ctx->oob_ops->irecv(c->oob, &c->watch_byte, 1, NULL, &c->oob_rreq);
+        st = ctx->oob_ops->irecv(c->oob, &c->watch_byte, 1, &c->oob_rreq);
         if (st == WEFT_OK && c->ready_sent)
             conn_up(c);
         break;
@@ -691,7 +691,7 @@ weft_status_t vb_connect(void *vctx, int peer, const void *addr, size_t addrlen,
     c->fifo = (struct vb_desc *)(ctx->fifo_mem + (size_t)peer * VB_FIFO * sizeof(struct vb_desc));
     weft_status_t st = addr_check(ctx, peer, addr, addrlen, &c->addr);
     if (st == WEFT_OK)
-        st = ctx->oob_ops->irecv(c->oob, &c->theirs, sizeof(c->theirs), NULL, &c->oob_rreq);
+        st = ctx->oob_ops->irecv(c->oob, &c->theirs, sizeof(c->theirs), &c->oob_rreq);
     if (st != WEFT_OK) {
         free(c);
         return st;
@@ -713,7 +713,7 @@ static void say_bye(struct vb_ctx *ctx)
     for (int p = 0; req && p < ctx->nranks; p++) {
         struct vb_conn *c = ctx->conns[p];
         if (c && c->phase == VB_PH_WATCH && c->err == WEFT_OK && !c->peer_gone &&
-            ctx->oob_ops->isend(c->oob, &bye, 1, NULL, &req[p]) == WEFT_OK)
+            ctx->oob_ops->isend(c->oob, &bye, 1, &req[p]) == WEFT_OK)
             left++;
     }
     uint64_t end = weft_now_ns() + 200000000ull;
