@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "src/internal.h"
+#include "base/internal.h"
 
 enum weft_coll {
     WEFT_COLL_ALLREDUCE = 0,

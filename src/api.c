@@ -11,7 +11,7 @@
 #include "algorithms/schedule.h"
 #include "comm.h"
 #include "engine.h"
-#include "tune.h"
+#include "select/tune.h"
 
 size_t weft_dtype_size(weft_dtype_t dtype)
 {
@@ -53,23 +53,23 @@ static weft_status_t check_args(const char *fn, struct weft_comm *comm, struct w
         return sticky; /* the message of the first failure stays in last_error */
     size_t esize = weft_dtype_size(a->dtype);
     if (esize == 0)
-        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "%s: invalid datatype %d", fn,
+        return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG, "%s: invalid datatype %d", fn,
                                 (int)a->dtype);
     bool reduces = a->coll == WEFT_COLL_ALLREDUCE || a->coll == WEFT_COLL_REDUCE_SCATTER ||
                    a->coll == WEFT_COLL_REDUCE;
     if (reduces && ((unsigned)a->op >= WEFT_NUM_OPS))
-        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "%s: invalid reduction op %d", fn,
+        return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG, "%s: invalid reduction op %d", fn,
                                 (int)a->op);
     int p = comm->nranks;
     bool rooted = a->coll == WEFT_COLL_BROADCAST || a->coll == WEFT_COLL_REDUCE;
     bool p2p = a->coll == WEFT_COLL_SEND || a->coll == WEFT_COLL_RECV;
     if ((rooted || p2p) && (a->root < 0 || a->root >= p))
-        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "%s: %s %d out of range (0..%d)", fn,
+        return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG, "%s: %s %d out of range (0..%d)", fn,
                                 p2p ? "peer" : "root", a->root, p - 1);
     /* Element counts of each buffer, guarded against overflow. */
     size_t mult = a->coll == WEFT_COLL_ALLGATHER || a->coll == WEFT_COLL_REDUCE_SCATTER ? (size_t)p : 1;
     if (a->count > SIZE_MAX / 2 / esize / mult)
-        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG,
                                 "%s: count %zu overflows the addressable size", fn, a->count);
     struct weft_coll_desc d = {.coll = a->coll, .rank = comm->rank, .nranks = p, .root = a->root,
                                .count = a->count};
@@ -77,10 +77,10 @@ static weft_status_t check_args(const char *fn, struct weft_comm *comm, struct w
     bool need_send = sbytes > 0 && !(a->coll == WEFT_COLL_BROADCAST && comm->rank != a->root);
     bool need_recv = rbytes > 0 && !(a->coll == WEFT_COLL_REDUCE && comm->rank != a->root);
     if (need_send && a->sendbuf == NULL)
-        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "%s: %s is NULL with count %zu", fn,
+        return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG, "%s: %s is NULL with count %zu", fn,
                                 p2p ? "buf" : "sendbuf", a->count);
     if (need_recv && a->recvbuf == NULL)
-        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "%s: %s is NULL with count %zu", fn,
+        return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG, "%s: %s is NULL with count %zu", fn,
                                 p2p ? "buf" : "recvbuf", a->count);
     if (need_send && need_recv && a->sendbuf != a->recvbuf) {
         /* In place is exact aliasing (or NCCL's offsets); partial overlap is a bug. */
@@ -89,7 +89,7 @@ static weft_status_t check_args(const char *fn, struct weft_comm *comm, struct w
         bool inplace = (a->coll == WEFT_COLL_ALLGATHER && s == r + (size_t)comm->rank * sbytes) ||
                        (a->coll == WEFT_COLL_REDUCE_SCATTER && r == s + (size_t)comm->rank * rbytes);
         if (!inplace && ranges_overlap(s, sbytes, r, rbytes))
-            return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG,
+            return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG,
                                     "%s: sendbuf and recvbuf overlap without being in place", fn);
     }
     return WEFT_OK;
@@ -112,7 +112,7 @@ static weft_status_t run_acquired(const char *fn, struct weft_comm *comm,
             struct group_item *n = realloc(group_items, cap * sizeof(*n));
             if (n == NULL) {
                 weft_engine_op_free(comm, op);
-                return weft_error(comm, WEFT_ERR_NO_MEMORY, "%s: cannot queue in the group", fn);
+                return weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "%s: cannot queue in the group", fn);
             }
             group_items = n;
             group_cap = cap;
@@ -133,7 +133,7 @@ static weft_status_t run(const char *fn, struct weft_comm *comm, struct weft_op_
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
                                 "%s: invalid communicator (NULL, destroyed or never created)", fn);
     weft_status_t st = nonblocking && req == NULL
-                           ? weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "%s: req is NULL", fn)
+                           ? weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG, "%s: req is NULL", fn)
                            : run_acquired(fn, comm, a, req);
     weft_comm_release(comm);
     return st;
@@ -343,9 +343,9 @@ weft_status_t weft_comm_set_algo(weft_comm_t comm, const char *spec)
     unsigned masks[WEFT_COLL_COUNT];
     weft_status_t st = weft_tune_parse_algo(spec ? spec : "", masks);
     if (st != WEFT_OK)
-        st = weft_error_quiet(comm, st, "weft_comm_set_algo: %s", weft_thread_last_error());
+        st = weft_error_quiet(weft_comm_err(comm), st, "weft_comm_set_algo: %s", weft_thread_last_error());
     else if (group_depth > 0)
-        st = weft_error_quiet(comm, WEFT_ERR_INVALID_ARG,
+        st = weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG,
                               "weft_comm_set_algo: inside a group (the calls it holds were "
                               "planned with the algorithms before)");
     /* The calls already issued finish with the plans they have; then the

@@ -260,7 +260,7 @@ static weft_status_t star_error(const struct weft_bootstrap *bs, weft_status_t s
 {
     char why[WEFT_ERRMSG_LEN];
     snprintf(why, sizeof(why), "%s", weft_thread_last_error());
-    return weft_error(bs->comm, st, "rank %d: bootstrap: %s rank %d%s: %s", bs->rank,
+    return weft_error(weft_comm_err(bs->comm), st, "rank %d: bootstrap: %s rank %d%s: %s", bs->rank,
                       sending ? "sending to" : "receiving from", peer,
                       peer == 0 ? " (the root)" : "", why);
 }
@@ -363,16 +363,16 @@ static weft_status_t msg_recv(const struct weft_bootstrap *bs, int fd, int peer,
     if (st != WEFT_OK)
         return star_error(bs, st, false, peer);
     if (weft_bs_check_header(hdr, len, &h, why, sizeof(why)) != WEFT_OK)
-        return weft_error(comm, WEFT_ERR_REMOTE, "bootstrap: bad message from rank %d (%s)", peer,
+        return weft_error(weft_comm_err(comm), WEFT_ERR_REMOTE, "bootstrap: bad message from rank %d (%s)", peer,
                           why);
     if (h.report) {
         /* The root gave up (a rank never came, ...): pass on its reason. */
         uint8_t msg[WEFT_BS_REPORT_MAX];
         char text[WEFT_BS_REPORT_MAX];
         if (h.len < 4 || weft_sock_recv_all(fd, msg, h.len, deadline) != WEFT_OK)
-            return weft_error(comm, WEFT_ERR_REMOTE, "rank %d failed the bootstrap", peer);
+            return weft_error(weft_comm_err(comm), WEFT_ERR_REMOTE, "rank %d failed the bootstrap", peer);
         st = weft_bs_parse_report(msg, h.len, text, sizeof(text));
-        return weft_error(comm, st, "rank %d failed the bootstrap: %s", peer, text);
+        return weft_error(weft_comm_err(comm), st, "rank %d failed the bootstrap: %s", peer, text);
     }
     st = weft_sock_recv_all(fd, buf, len, deadline);
     return st == WEFT_OK ? st : star_error(bs, st, false, peer);
@@ -442,7 +442,7 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
             for (int r = 1; r < bs->nranks && o + 16 < sizeof(missing); r++)
                 if (bs->fds[r] < 0)
                     o += (size_t)snprintf(missing + o, sizeof(missing) - o, "%s%d", o ? ", " : "", r);
-            st = weft_error(comm, WEFT_ERR_TIMEOUT,
+            st = weft_error(weft_comm_err(comm), WEFT_ERR_TIMEOUT,
                             "bootstrap: %d of %d ranks joined before the deadline; missing rank%s %s",
                             joined, bs->nranks, joined + 1 < bs->nranks ? "s" : "", missing);
             goto out;
@@ -454,7 +454,7 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
                 .events = pend[i].authed ? POLLIN : weft_auth_accept_events(&pend[i].acc)};
         int wait = left < 0 || left > 200 ? 200 : left;
         if (poll(pfd, (nfds_t)npend + 1, wait) < 0 && errno != EINTR) {
-            st = weft_error(comm, WEFT_ERR_SYSTEM, "bootstrap: poll: %s", strerror(errno));
+            st = weft_error(weft_comm_err(comm), WEFT_ERR_SYSTEM, "bootstrap: poll: %s", strerror(errno));
             goto out;
         }
         /* Advance every pending connection (also catches their deadlines). */
@@ -479,7 +479,7 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
                     continue;
                 }
                 if (chk != WEFT_OK) {
-                    st = weft_error(comm, chk, "bootstrap: %s", bad);
+                    st = weft_error(weft_comm_err(comm), chk, "bootstrap: %s", bad);
                     goto out;
                 }
                 p->authed = true;
@@ -509,7 +509,7 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
                 continue;
             }
             if (chk != WEFT_OK) {
-                st = weft_error(comm, chk, "bootstrap: %s", bad);
+                st = weft_error(weft_comm_err(comm), chk, "bootstrap: %s", bad);
                 goto out;
             }
             memcpy((char *)all + (size_t)r * info_len, p->buf + 8, info_len);
@@ -543,7 +543,7 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
                 p->buf = malloc(WEFT_BS_HDR_LEN + info_len);
                 if (p->buf == NULL) {
                     close(fd);
-                    st = weft_error(comm, WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
+                    st = weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
                     goto out;
                 }
                 weft_auth_accept_begin(&p->acc, fd,
@@ -583,7 +583,7 @@ weft_status_t weft_bootstrap_init(struct weft_comm *comm, const struct weft_uid 
     weft_status_t st = WEFT_OK;
     struct weft_bootstrap *bs = calloc(1, sizeof(*bs));
     if (bs == NULL)
-        return weft_error(comm, WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
+        return weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
     bs->comm = comm;
     bs->rank = rank;
     bs->nranks = nranks;
@@ -593,7 +593,7 @@ weft_status_t weft_bootstrap_init(struct weft_comm *comm, const struct weft_uid 
         bs->fds = malloc((size_t)nranks * sizeof(int));
         if (bs->fds == NULL) {
             free(bs);
-            return weft_error(comm, WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
+            return weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
         }
         for (int i = 0; i < nranks; i++)
             bs->fds[i] = -1;
@@ -641,14 +641,14 @@ weft_status_t weft_bootstrap_init(struct weft_comm *comm, const struct weft_uid 
             nanosleep(&pause, NULL);
         }
         if (st != WEFT_OK) {
-            st = weft_error(comm, st, "bootstrap: handshake with root %s failed: %s",
+            st = weft_error(weft_comm_err(comm), st, "bootstrap: handshake with root %s failed: %s",
                             weft_sock_str(&uid->root, addr, sizeof(addr)), why ? why : "?");
             goto fail;
         }
         st = msg_recv(bs, bs->root_fd, 0, all, (size_t)nranks * info_len, deadline);
         if (st != WEFT_OK) {
             char why2[WEFT_ERRMSG_LEN];
-            st = weft_error(comm, st, "bootstrap: waiting for the rank table from root %s: %s",
+            st = weft_error(weft_comm_err(comm), st, "bootstrap: waiting for the rank table from root %s: %s",
                             weft_sock_str(&uid->root, addr, sizeof(addr)),
                             weft_comm_last_error_copy(comm, why2, sizeof(why2)));
             goto fail;
@@ -681,7 +681,7 @@ weft_status_t weft_bootstrap_barrier(struct weft_bootstrap *bs, uint64_t deadlin
     uint8_t one = 1;
     uint8_t *all = malloc((size_t)bs->nranks);
     if (all == NULL)
-        return weft_error(bs->comm, WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
+        return weft_error(weft_comm_err(bs->comm), WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
     weft_status_t st = weft_bootstrap_allgather(bs, &one, all, 1, deadline);
     free(all);
     return st;

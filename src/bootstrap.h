@@ -10,9 +10,9 @@
 #ifndef WEFT_BOOTSTRAP_H
 #define WEFT_BOOTSTRAP_H
 
-#include "auth.h"
-#include "internal.h"
-#include "sock.h"
+#include "base/auth.h"
+#include "base/internal.h"
+#include "base/sock.h"
 
 /* A launcher that already bound the root's listening socket hands it to
  * rank 0 through this variable (the fd number, inherited across exec). */

@@ -18,7 +18,7 @@
 #include "bootstrap.h"
 #include "comm.h"
 #include "engine.h"
-#include "topo.h"
+#include "select/topo.h"
 #include "transports/transport.h"
 
 #define CAL_MAX_BYTES (256u << 10)
@@ -58,7 +58,7 @@ static weft_status_t cal_wait(struct weft_comm *comm, int peer, void *req, uint6
             continue;
         }
         if (now > deadline)
-            return weft_error(comm, WEFT_ERR_TIMEOUT,
+            return weft_error(weft_comm_err(comm), WEFT_ERR_TIMEOUT,
                               "rank %d: link calibration with rank %d: no answer within "
                               "WEFT_TIMEOUT_MS",
                               comm->rank, peer);
@@ -189,7 +189,7 @@ weft_status_t weft_comm_calibrate(struct weft_comm *comm, struct weft_cal *cal, 
     weft_status_t st = WEFT_OK;
     if (all == NULL || cal->edges == NULL || buf == NULL) {
         /* The peers time out in the ping-pong and name this rank. */
-        st = weft_error(comm, WEFT_ERR_NO_MEMORY, "rank %d: out of memory for calibration", rank);
+        st = weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "rank %d: out of memory for calibration", rank);
         goto out;
     }
     memset(buf, 0x5a, 2 * CAL_MAX_BYTES); /* touched once, before any timing */

@@ -108,7 +108,7 @@ weft_status_t weft_check_verify(struct weft_comm *comm, const struct weft_finger
         if (all[r].magic != WEFT_FP_MAGIC)
             /* The stream between us is out of step: a send or receive met
              * the exchange on one side and not on the other. */
-            return weft_error(comm, WEFT_ERR_MISMATCH,
+            return weft_error(weft_comm_err(comm), WEFT_ERR_MISMATCH,
                               "rank %d: collective mismatch at collective #%llu, %s: rank %d sent "
                               "something other than a fingerprint (are sends and receives placed "
                               "the same way among the collectives on every rank?)",
@@ -136,7 +136,7 @@ weft_status_t weft_check_verify(struct weft_comm *comm, const struct weft_finger
                  p - 1);
     bool ordered0 = ref->algo >> 12 & 1, ordered1 = odd->algo >> 12 & 1;
     if (call_equal(ref, odd) && ordered0 != ordered1)
-        return weft_error(comm, WEFT_ERR_MISMATCH,
+        return weft_error(weft_comm_err(comm), WEFT_ERR_MISMATCH,
                           "rank %d: collective mismatch at collective #%llu, %s: deterministic "
                           "mode is %s on rank 0 but %s on rank %d (WEFT_DETERMINISTIC or "
                           "weft_comm_set_deterministic differ between ranks)%s",
@@ -144,14 +144,14 @@ weft_status_t weft_check_verify(struct weft_comm *comm, const struct weft_finger
                           ordered1 ? "on" : "off", first, others);
     bool run0 = ref->algo >> 13 & 1, run1 = odd->algo >> 13 & 1;
     if (call_equal(ref, odd) && (ref->algo & 0xfff) == (odd->algo & 0xfff) && run0 != run1)
-        return weft_error(comm, WEFT_ERR_MISMATCH,
+        return weft_error(weft_comm_err(comm), WEFT_ERR_MISMATCH,
                           "rank %d: collective mismatch at collective #%llu, %s: rank %d times "
                           "plans for its size class here and rank %d does not (WEFT_ALGO, "
                           "weft_comm_set_algo or WEFT_TUNE_* differ between ranks)%s",
                           me, seq, describe(ref, false, a, sizeof(a)), run0 ? 0 : first,
                           run0 ? first : 0, others);
     if (call_equal(ref, odd))
-        return weft_error(comm, WEFT_ERR_MISMATCH,
+        return weft_error(weft_comm_err(comm), WEFT_ERR_MISMATCH,
                           "rank %d: collective mismatch at collective #%llu, %s: rank 0 runs it "
                           "with %s and %llu-byte chunks but rank %d with %s and %llu-byte chunks "
                           "(WEFT_ALGO, weft_comm_set_algo or WEFT_CHUNK_SIZE differ between "
@@ -160,7 +160,7 @@ weft_status_t weft_check_verify(struct weft_comm *comm, const struct weft_finger
                           (unsigned long long)ref->chunk, first, weft_algo_name(odd->algo & 0xff),
                           (unsigned long long)odd->chunk, others);
     bool seqs = ref->seq != odd->seq;
-    return weft_error(comm, WEFT_ERR_MISMATCH,
+    return weft_error(weft_comm_err(comm), WEFT_ERR_MISMATCH,
                       "rank %d: collective mismatch at collective #%llu: rank 0 called %s but "
                       "rank %d called %s%s",
                       me, seq, describe(ref, seqs, a, sizeof(a)), first,

@@ -15,8 +15,8 @@
 #include "bootstrap.h"
 #include "comm.h"
 #include "engine.h"
-#include "topo.h"
-#include "tune.h"
+#include "select/topo.h"
+#include "select/tune.h"
 #include "transports/transport.h"
 
 /* What every rank publishes at init: where it runs and its tcp address
@@ -46,7 +46,7 @@ enum { TP_TCP, TP_SHM, TP_VERBS, TP_COUNT };
 /* What weft_mem_register hands out: per transport of comm, its handle. */
 struct weft_reg {
     uint32_t magic;
-    struct weft_reg *next;      /* comm->regs, under err_mu */
+    struct weft_reg *next;      /* comm->regs, under regs_mu */
     struct weft_comm *comm;
     void *buf;
     size_t bytes;
@@ -144,23 +144,13 @@ bool weft_comm_valid(struct weft_comm *c)
     return weft_registry_find(&reg, c, NULL);
 }
 
-void weft_comm_record_error(struct weft_comm *comm, const char *msg)
-{
-    pthread_mutex_lock(&comm->err_mu);
-    snprintf(comm->last_error, sizeof(comm->last_error), "%s", msg);
-    pthread_mutex_unlock(&comm->err_mu);
-}
-
 const char *weft_comm_last_error_copy(struct weft_comm *comm, char *buf, size_t len)
 {
     if (comm == NULL) {
         snprintf(buf, len, "%s", weft_thread_last_error());
         return buf;
     }
-    pthread_mutex_lock(&comm->err_mu);
-    snprintf(buf, len, "%s", comm->last_error);
-    pthread_mutex_unlock(&comm->err_mu);
-    return buf;
+    return weft_errsink_read(&comm->err, buf, len);
 }
 
 weft_status_t weft_comm_fail(struct weft_comm *comm, weft_status_t status)
@@ -256,7 +246,8 @@ static void comm_free(struct weft_comm *comm)
     free(comm->conns);
     free(comm->link_ops);
     weft_topo_table_fini(&comm->topo);
-    pthread_mutex_destroy(&comm->err_mu);
+    weft_errsink_destroy(&comm->err);
+    pthread_mutex_destroy(&comm->regs_mu);
     free(comm);
 }
 
@@ -295,7 +286,7 @@ static weft_status_t table_build(struct weft_comm *comm, const struct rank_info 
     if (st == WEFT_OK && *file)
         st = weft_topo_table_load(&comm->topo, file, why, sizeof(why));
     if (st != WEFT_OK)
-        return weft_error(comm, st, "rank %d: %s", comm->rank,
+        return weft_error(weft_comm_err(comm), st, "rank %d: %s", comm->rank,
                           st == WEFT_ERR_NO_MEMORY ? "out of memory" : why);
     return WEFT_OK;
 }
@@ -321,7 +312,7 @@ static weft_status_t open_links(struct weft_comm *comm, const struct weft_transp
     int rank = comm->rank, n = comm->nranks;
     if (n < 1) { /* checked by every caller; said here for the allocations below */
         weft_tcp_ops.finalize(tcp_ctx);
-        return weft_error(comm, WEFT_ERR_INTERNAL, "open_links: %d ranks", n);
+        return weft_error(weft_comm_err(comm), WEFT_ERR_INTERNAL, "open_links: %d ranks", n);
     }
     const char *spec = weft_param_str("WEFT_TRANSPORT");
     unsigned allowed;
@@ -343,7 +334,7 @@ static weft_status_t open_links(struct weft_comm *comm, const struct weft_transp
     struct link_info *peers = calloc((size_t)n, sizeof(*peers));
     void *ctx[TP_COUNT] = {tcp_ctx, NULL, NULL};
     if (peers == NULL) {
-        st = weft_error(comm, WEFT_ERR_NO_MEMORY, "out of memory for %d ranks", n);
+        st = weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "out of memory for %d ranks", n);
         goto out; /* the others time out in the exchange and name this rank */
     }
     if (want[WEFT_LINK_SHM]) {
@@ -357,7 +348,7 @@ static weft_status_t open_links(struct weft_comm *comm, const struct weft_transp
         sargs.ngroup = ngroup;
         size_t len = sizeof(mine.shm);
         st = group ? weft_shm_ops.init(&sargs, &ctx[TP_SHM], mine.shm, &len)
-                   : weft_error(comm, WEFT_ERR_NO_MEMORY, "out of memory for %d ranks", n);
+                   : weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "out of memory for %d ranks", n);
         free(group);
         if (st == WEFT_OK)
             mine.shm_len = (uint32_t)len;
@@ -395,7 +386,7 @@ static weft_status_t open_links(struct weft_comm *comm, const struct weft_transp
             ctx[TP_VERBS] = NULL;
         }
         if ((allowed & ~(1u << WEFT_LINK_VERBS)) == 0) {
-            st = weft_error(comm, WEFT_ERR_INVALID_ARG,
+            st = weft_error(weft_comm_err(comm), WEFT_ERR_INVALID_ARG,
                             "rank %d: WEFT_TRANSPORT=%s allows only verbs, and rank %d has no "
                             "usable RDMA device%s",
                             rank, spec, no_verbs,
@@ -420,7 +411,7 @@ static weft_status_t open_links(struct weft_comm *comm, const struct weft_transp
                 : (allowed & (1u << WEFT_LINK_TCP))                              ? TP_TCP
                                                                                  : -1;
         if (t < 0) {
-            st = weft_error(comm, WEFT_ERR_INVALID_ARG,
+            st = weft_error(weft_comm_err(comm), WEFT_ERR_INVALID_ARG,
                             "rank %d cannot reach rank %d: WEFT_TRANSPORT=%s does not allow tcp, "
                             "and rank %d is %s",
                             rank, r, spec, r,
@@ -432,7 +423,7 @@ static weft_status_t open_links(struct weft_comm *comm, const struct weft_transp
                       : t == TP_VERBS ? peers[r].verbs_len
                                       : all[r].taddr_len;
         if (alen > WEFT_TRANSPORT_ADDR_MAX) {
-            st = weft_error(comm, WEFT_ERR_REMOTE, "rank %d published a bad address", r);
+            st = weft_error(weft_comm_err(comm), WEFT_ERR_REMOTE, "rank %d published a bad address", r);
             goto out;
         }
 #ifdef HAVE_VERBS
@@ -539,7 +530,8 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     memcpy(comm->algos, algos, sizeof(algos));
     atomic_init(&comm->deterministic, weft_param_int("WEFT_DETERMINISTIC") != 0);
     comm->rescue_fd = -1;
-    pthread_mutex_init(&comm->err_mu, NULL);
+    weft_errsink_init(&comm->err);
+    pthread_mutex_init(&comm->regs_mu, NULL);
     comm->rank = rank;
     comm->nranks = nranks;
     comm->job = uid->job;
@@ -560,7 +552,7 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     WEFT_CHECK_GOTO(weft_engine_create(comm, &comm->eng), st, fail);
 
     struct weft_transport_init targs = {
-        .comm = comm, .rank = rank, .nranks = nranks, .job = uid->job,
+        .err = &comm->err, .rank = rank, .nranks = nranks, .job = uid->job,
         .secret = comm->secret, .timeout_ns = comm->timeout_ns,
     };
     char ifname[64];
@@ -605,7 +597,7 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
         below += here && r < rank;
         if (all[r].check != all[0].check) {
             /* A rank without fingerprints would read them as data. */
-            st = weft_error(comm, WEFT_ERR_INVALID_ARG,
+            st = weft_error(weft_comm_err(comm), WEFT_ERR_INVALID_ARG,
                             "rank %d: WEFT_CHECK differs between ranks (rank 0: %u, rank %d: %u); "
                             "set it the same on every rank",
                             rank, all[0].check, r, all[r].check);
@@ -639,8 +631,8 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     WEFT_INFO(WEFT_SUB_INIT, "rank %d/%d: communicator ready", rank, nranks);
     return WEFT_OK;
 fail:
-    if (comm->last_error[0]) /* keep the reason: the comm it was recorded on goes away */
-        weft_error_quiet(NULL, st, "%s", comm->last_error);
+    if (comm->err.msg[0]) /* keep the reason: the comm it was recorded on goes away */
+        weft_error_quiet(NULL, st, "%s", comm->err.msg);
     free(all);
     comm_free(comm);
     return st;
@@ -755,7 +747,7 @@ weft_status_t weft_comm_abort(weft_comm_t comm)
     if (!weft_registry_remove(&reg, comm))
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
                                 "weft_comm_abort: not a live communicator");
-    weft_error_quiet(comm, WEFT_ERR_ABORTED, "rank %d: communicator aborted", comm->rank);
+    weft_error_quiet(weft_comm_err(comm), WEFT_ERR_ABORTED, "rank %d: communicator aborted", comm->rank);
     weft_engine_abort(comm, WEFT_ERR_ABORTED);
     wait_users(comm);
     comm_free(comm);
@@ -767,7 +759,7 @@ weft_status_t weft_comm_rank(weft_comm_t comm, int *rank)
     if (comm == NULL || !weft_comm_valid(comm))
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_rank: invalid communicator");
     if (rank == NULL)
-        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "weft_comm_rank: rank is NULL");
+        return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG, "weft_comm_rank: rank is NULL");
     *rank = comm->rank;
     return WEFT_OK;
 }
@@ -777,7 +769,7 @@ weft_status_t weft_comm_size(weft_comm_t comm, int *nranks)
     if (comm == NULL || !weft_comm_valid(comm))
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_size: invalid communicator");
     if (nranks == NULL)
-        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "weft_comm_size: nranks is NULL");
+        return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG, "weft_comm_size: nranks is NULL");
     *nranks = comm->nranks;
     return WEFT_OK;
 }
@@ -788,7 +780,7 @@ weft_status_t weft_comm_set_deterministic(weft_comm_t comm, int on)
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
                                 "weft_comm_set_deterministic: invalid communicator");
     if (on != 0 && on != 1)
-        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG,
                                 "weft_comm_set_deterministic: on is %d, not 0 or 1", on);
     atomic_store(&comm->deterministic, on);
     return WEFT_OK;
@@ -839,7 +831,7 @@ weft_status_t weft_mem_register(weft_comm_t comm, void *buf, size_t bytes, void 
     struct weft_reg *r = calloc(1, sizeof(*r));
     weft_status_t st;
     if (r == NULL) {
-        st = weft_error(comm, WEFT_ERR_NO_MEMORY, "weft_mem_register: out of memory");
+        st = weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "weft_mem_register: out of memory");
     } else {
         *r = (struct weft_reg){.magic = REG_MAGIC, .comm = comm, .buf = buf, .bytes = bytes};
         struct reg_call rc = {comm, r, false};
@@ -849,10 +841,10 @@ weft_status_t weft_mem_register(weft_comm_t comm, void *buf, size_t bytes, void 
             weft_engine_exclusive(comm, reg_apply, &rc);
             free(r);
         } else {
-            pthread_mutex_lock(&comm->err_mu);
+            pthread_mutex_lock(&comm->regs_mu);
             r->next = comm->regs;
             comm->regs = r;
-            pthread_mutex_unlock(&comm->err_mu);
+            pthread_mutex_unlock(&comm->regs_mu);
             *handle = r;
         }
     }
@@ -865,7 +857,7 @@ weft_status_t weft_mem_register(weft_comm_t comm, void *buf, size_t bytes, void 
 static bool reg_unlink(struct weft_comm *comm, const void *r)
 {
     bool found = false;
-    pthread_mutex_lock(&comm->err_mu);
+    pthread_mutex_lock(&comm->regs_mu);
     for (struct weft_reg **p = &comm->regs; *p; p = &(*p)->next) {
         if (*p == r) {
             *p = (*p)->next;
@@ -873,7 +865,7 @@ static bool reg_unlink(struct weft_comm *comm, const void *r)
             break;
         }
     }
-    pthread_mutex_unlock(&comm->err_mu);
+    pthread_mutex_unlock(&comm->regs_mu);
     return found;
 }
 
@@ -885,7 +877,7 @@ weft_status_t weft_mem_deregister(weft_comm_t comm, void *handle)
                                 "weft_mem_deregister: invalid communicator");
     weft_status_t st;
     if (r == NULL || !reg_unlink(comm, r)) {
-        st = weft_error_quiet(comm, WEFT_ERR_INVALID_ARG,
+        st = weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG,
                               "weft_mem_deregister: %p is not a registration of this communicator",
                               handle);
     } else {

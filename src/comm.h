@@ -8,13 +8,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "internal.h"
-#include "sock.h"
-#include "topo.h"
+#include "base/internal.h"
+#include "base/sock.h"
+#include "select/topo.h"
 #include "algorithms/schedule.h"
-#include "tune.h"
+#include "plan.h"
 
-#define WEFT_ERRMSG_LEN 512
 #define WEFT_MAX_TRANSPORTS 3
 
 struct weft_bootstrap;
@@ -50,7 +49,8 @@ struct weft_comm {
     } tp[WEFT_MAX_TRANSPORTS];
     int ntp;
     bool verbs_off;                    /* some rank has no usable RDMA device */
-    struct weft_reg *regs;             /* weft_mem_register's, under err_mu */
+    struct weft_reg *regs;             /* weft_mem_register's, under regs_mu */
+    pthread_mutex_t regs_mu;
     const struct weft_transport_ops **link_ops; /* (nranks) NULL for self */
     struct weft_link_table topo;       /* per-pair transport and cost */
     void **conns;                      /* (nranks) */
@@ -67,9 +67,15 @@ struct weft_comm {
      * new communicator's root). */
     int rescue_fd;
     union weft_sockaddr *rescue;       /* (nranks) */
-    pthread_mutex_t err_mu;
-    char last_error[WEFT_ERRMSG_LEN];  /* guarded by err_mu */
+    struct weft_errsink err;           /* the last error message (weft_error) */
 };
+
+/* comm's error record, or NULL (the calling thread's) when there is no
+ * communicator yet: what weft_error takes. */
+static inline struct weft_errsink *weft_comm_err(struct weft_comm *comm)
+{
+    return comm ? &comm->err : NULL;
+}
 
 struct weft_uid;
 /* Moves bytes on every transport; waits at most timeout_ms for an event. */
@@ -79,8 +85,6 @@ void weft_comm_wakeup(struct weft_comm *comm) WEFT_HIDDEN;
 /* The whole init once the id is known; rank and nranks are checked. */
 weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct weft_uid *uid,
                                int rank) WEFT_HIDDEN;
-/* Stores msg as comm's last error (thread-safe). */
-void weft_comm_record_error(struct weft_comm *comm, const char *msg) WEFT_HIDDEN;
 /* Makes status the sticky error of comm if it has none yet; returns the
  * sticky error. */
 weft_status_t weft_comm_fail(struct weft_comm *comm, weft_status_t status) WEFT_HIDDEN;
@@ -94,8 +98,15 @@ bool weft_comm_acquire(struct weft_comm *comm) WEFT_HIDDEN;
 void weft_comm_release(struct weft_comm *comm) WEFT_HIDDEN;
 /* True when comm is a live communicator (created and not yet destroyed). */
 bool weft_comm_valid(struct weft_comm *comm) WEFT_HIDDEN;
-const char *weft_thread_last_error(void) WEFT_HIDDEN;
 /* Copies comm's last error into buf (thread-safe); returns buf. */
 const char *weft_comm_last_error_copy(struct weft_comm *comm, char *buf, size_t len) WEFT_HIDDEN;
+
+/* Ping-pongs each ring edge over the open links (all ranks call it, after
+ * the links are up and before any operation), then shares the fits.
+ * Nothing measured (nedges 0) with WEFT_CALIBRATE=0 or one rank.  A peer
+ * that dies or stalls fails it (REMOTE, TIMEOUT at the deadline). */
+weft_status_t weft_comm_calibrate(struct weft_comm *comm, struct weft_cal *cal,
+                                  uint64_t deadline) WEFT_HIDDEN;
+void weft_cal_free(struct weft_cal *cal) WEFT_HIDDEN;
 
 #endif /* WEFT_COMM_H */

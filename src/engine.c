@@ -17,7 +17,7 @@
 
 #include "engine_impl.h"
 #include "reduce.h"
-#include "tune.h"
+#include "select/tune.h"
 #include "transports/transport.h"
 
 /* Moves queued ops to the active list (driver only). */
@@ -184,7 +184,7 @@ static weft_status_t selfq_push(struct weft_engine *eng, struct weft_op *op, uin
         size_t cap = eng->selfq_cap ? 2 * eng->selfq_cap : 16;
         struct self_send *q = malloc(cap * sizeof(*q));
         if (q == NULL)
-            return weft_error(eng->comm, WEFT_ERR_NO_MEMORY, "cannot queue a send to self");
+            return weft_error(weft_comm_err(eng->comm), WEFT_ERR_NO_MEMORY, "cannot queue a send to self");
         for (size_t k = 0; k < eng->selfq_n; k++)
             q[k] = eng->selfq[(eng->selfq_head + k) % eng->selfq_cap];
         free(eng->selfq);
@@ -214,7 +214,7 @@ static weft_status_t post_self(struct weft_engine *eng, struct weft_op *op, uint
     const struct weft_step *ss = &snd.op->s->steps[snd.step];
     size_t bytes = s->count * op->esize, sent = ss->count * snd.op->esize;
     if (sent != bytes)
-        return weft_error(eng->comm, WEFT_ERR_INVALID_ARG,
+        return weft_error(weft_comm_err(eng->comm), WEFT_ERR_INVALID_ARG,
                           "rank %d: a send to self of %zu bytes met a receive of %zu bytes",
                           eng->comm->rank, sent, bytes);
     const char *src = step_ptr(snd.op, ss->buf, ss->off);
@@ -325,7 +325,7 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
                 break;
             }
             default:
-                st = weft_error(comm, WEFT_ERR_INTERNAL, "bad step kind %d", s->kind);
+                st = weft_error(weft_comm_err(comm), WEFT_ERR_INTERNAL, "bad step kind %d", s->kind);
             }
             if (st != WEFT_OK)
                 return st;
@@ -393,7 +393,7 @@ static weft_status_t complete_posted(struct weft_engine *eng, struct weft_op *op
             if (s->kind == WEFT_STEP_RECV_REDUCE)
                 eng->free_slots[eng->nfree_slots++] = op->rr[i].slot;
             op->posted[k] = op->posted[--op->nposted];
-            return weft_error(comm, st, "rank %d: %s failed while %s rank %d: %s", comm->rank,
+            return weft_error(weft_comm_err(comm), st, "rank %d: %s failed while %s rank %d: %s", comm->rank,
                               coll_label(op, label, sizeof(label)),
                               s->kind == WEFT_STEP_SEND ? "sending to" : "receiving from", s->peer,
                               weft_comm_last_error_copy(comm, why, sizeof(why)));
@@ -409,7 +409,7 @@ static weft_status_t complete_posted(struct weft_engine *eng, struct weft_op *op
                 eng->free_slots[eng->nfree_slots++] = op->rr[i].slot;
             op->st[i] = ST_DONE;
             op->posted[k] = op->posted[--op->nposted];
-            return weft_error(comm, WEFT_ERR_REMOTE,
+            return weft_error(weft_comm_err(comm), WEFT_ERR_REMOTE,
                               "rank %d: %s: rank %d sent %zu bytes where %zu were expected "
                               "(do all ranks call the same collectives with the same counts?)",
                               comm->rank, coll_label(op, label, sizeof(label)), s->peer, got,
@@ -512,7 +512,7 @@ static weft_status_t stall_error(struct weft_engine *eng)
             o += (size_t)snprintf(peers + o, sizeof(peers) - o, "%s%s rank %d", o ? ", " : "",
                                   send ? "send to" : "receive from", s->peer);
     }
-    return weft_error(comm, WEFT_ERR_TIMEOUT,
+    return weft_error(weft_comm_err(comm), WEFT_ERR_TIMEOUT,
                       "rank %d: %s made no progress for %llu ms (WEFT_TIMEOUT_MS); waiting on: %s",
                       comm->rank, op ? coll_label(op, label, sizeof(label)) : "operation",
                       (unsigned long long)(comm->timeout_ns / 1000000), o ? peers : "nothing posted");

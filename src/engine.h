@@ -9,7 +9,7 @@
 #define WEFT_ENGINE_H
 
 #include "comm.h"
-#include "internal.h"
+#include "base/internal.h"
 
 struct weft_op;
 struct weft_engine;

@@ -11,7 +11,7 @@
 
 #include "engine_impl.h"
 #include "transports/transport.h"
-#include "tune.h"
+#include "select/tune.h"
 
 struct weft_comm *weft_op_comm(struct weft_op *op)
 {
@@ -22,7 +22,7 @@ weft_status_t weft_engine_create(struct weft_comm *comm, struct weft_engine **ou
 {
     struct weft_engine *eng = calloc(1, sizeof(*eng));
     if (eng == NULL)
-        return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate the engine");
+        return weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "cannot allocate the engine");
     eng->comm = comm;
     eng->last_trial = -1;
     pthread_mutex_init(&eng->mu, NULL);
@@ -38,7 +38,7 @@ weft_status_t weft_engine_create(struct weft_comm *comm, struct weft_engine **ou
     eng->staging = weft_buf_alloc((size_t)eng->nslots * eng->chunk_bytes);
     if (eng->stamp == NULL || eng->free_slots == NULL || eng->staging == NULL) {
         weft_engine_destroy(eng);
-        return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate %d staging slots of %zu bytes",
+        return weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "cannot allocate %d staging slots of %zu bytes",
                           (int)slots, eng->chunk_bytes);
     }
     for (int i = 0; i < eng->nslots; i++)
@@ -50,7 +50,7 @@ weft_status_t weft_engine_create(struct weft_comm *comm, struct weft_engine **ou
         weft_status_t st = weft_check_sched_build(comm->rank, comm->nranks, &eng->check_sched);
         if (st != WEFT_OK) {
             weft_engine_destroy(eng);
-            return weft_error(comm, st, "cannot build the fingerprint exchange (WEFT_CHECK)");
+            return weft_error(weft_comm_err(comm), st, "cannot build the fingerprint exchange (WEFT_CHECK)");
         }
     }
     *out = eng;
@@ -162,7 +162,7 @@ static weft_status_t sched_get(struct weft_engine *eng, const struct weft_coll_d
             victim = e;
     }
     if (victim == NULL)
-        return weft_error(eng->comm, WEFT_ERR_NO_MEMORY, "schedule cache is full of ops in flight");
+        return weft_error(weft_comm_err(eng->comm), WEFT_ERR_NO_MEMORY, "schedule cache is full of ops in flight");
     if (victim->valid)
         weft_sched_free(&victim->s);
     victim->valid = false;
@@ -198,7 +198,7 @@ static weft_status_t op_reserve(struct weft_op *op, size_t n)
     if (posted)
         op->posted = posted;
     if (!st || !treq || !rr || !posted)
-        return weft_error(op->comm, WEFT_ERR_NO_MEMORY, "cannot allocate state for %zu steps", n);
+        return weft_error(weft_comm_err(op->comm), WEFT_ERR_NO_MEMORY, "cannot allocate state for %zu steps", n);
     op->cap = cap;
     return WEFT_OK;
 }
@@ -256,7 +256,7 @@ static struct weft_op *pre_op_get(struct weft_comm *comm, struct weft_op *op,
 {
     struct weft_op *p = op_get(comm, a);
     if (p == NULL) {
-        weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate %s", what);
+        weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "cannot allocate %s", what);
         return NULL;
     }
     p->kind = kind;
@@ -282,7 +282,7 @@ static weft_status_t check_op_new(struct weft_comm *comm, struct weft_op *op,
     if (c->fps == NULL) {
         c->fps = calloc((size_t)comm->nranks, sizeof(*c->fps));
         if (c->fps == NULL)
-            return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate %d fingerprints",
+            return weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "cannot allocate %d fingerprints",
                               comm->nranks);
     }
     c->s = &eng->check_sched;
@@ -356,7 +356,7 @@ static weft_status_t exchange_op_new(struct weft_comm *comm, struct weft_op *op,
         t->cap_times = 0;
         t->times = calloc(need, sizeof(double));
         if (t->times == NULL)
-            return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate %s of %zu doubles",
+            return weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "cannot allocate %s of %zu doubles",
                               what, need);
         t->cap_times = need;
     }
@@ -374,7 +374,7 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
     size_t esize = weft_dtype_size(args->dtype);
     struct weft_op *op = op_get(comm, args);
     if (op == NULL)
-        return weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate an operation");
+        return weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "cannot allocate an operation");
 
     weft_status_t st = WEFT_OK;
     if (args->coll == WEFT_COLL_SEND || args->coll == WEFT_COLL_RECV) {
@@ -390,7 +390,7 @@ weft_status_t weft_engine_op_new(struct weft_comm *comm, const struct weft_op_ar
                 .count = args->count,
             };
             if (weft_sched_add(&op->own, &step) < 0)
-                st = weft_error(comm, WEFT_ERR_NO_MEMORY, "cannot allocate a schedule");
+                st = weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "cannot allocate a schedule");
         }
         op->s = &op->own;
         if (st == WEFT_OK)
@@ -496,13 +496,13 @@ weft_status_t weft_engine_scratch_acquire(struct weft_engine *eng, struct weft_o
      * while ops that run one at a time only ever need one. */
     struct scratch *sc = small ? small : empty;
     if (sc == NULL)
-        return weft_error(eng->comm, WEFT_ERR_INTERNAL, "no free scratch buffer");
+        return weft_error(weft_comm_err(eng->comm), WEFT_ERR_INTERNAL, "no free scratch buffer");
     weft_buf_free(sc->p, sc->bytes);
     sc->bytes = need;
     sc->p = weft_buf_alloc(need);
     if (sc->p == NULL) {
         sc->bytes = 0;
-        return weft_error(eng->comm, WEFT_ERR_NO_MEMORY, "cannot allocate %zu bytes of scratch",
+        return weft_error(weft_comm_err(eng->comm), WEFT_ERR_NO_MEMORY, "cannot allocate %zu bytes of scratch",
                           need);
     }
     sc->busy = true;

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "internal.h"
+#include "base/internal.h"
 
 /* dst[i] = a[i] op b[i] for i < n; dst may alias a or b.  WEFT_AVG sums;
  * with divisor > 0 the result is divided by divisor before it is stored

@@ -85,7 +85,7 @@ static weft_status_t join_offer(struct weft_comm *parent, const char *fn, uint32
                                 int n, int newrank, weft_comm_t *out)
 {
     if (offer->status != WEFT_OK)
-        return weft_error(parent, WEFT_ERR_REMOTE,
+        return weft_error(weft_comm_err(parent), WEFT_ERR_REMOTE,
                           "%s: rank %d, the new communicator's rank 0, could not open its "
                           "rendezvous (%s)",
                           fn, leader, weft_status_string((weft_status_t)offer->status));
@@ -94,7 +94,7 @@ static weft_status_t join_offer(struct weft_comm *parent, const char *fn, uint32
     child_secret(parent, seq, color, uid.job, uid.secret);
     weft_status_t st = weft_comm_create(out, n, &uid, newrank);
     if (st != WEFT_OK)
-        weft_error_quiet(parent, st, "%s: %s", fn, weft_thread_last_error());
+        weft_error_quiet(weft_comm_err(parent), st, "%s: %s", fn, weft_thread_last_error());
     else /* every member's parent has the same settings, so the children agree */
         inherit(*out, parent);
     return st;
@@ -112,7 +112,7 @@ static weft_status_t split_acquired(struct weft_comm *comm, int color, int key,
     struct child_offer *offers = calloc((size_t)p, sizeof(*offers));
     weft_status_t st = WEFT_OK;
     if (all == NULL || offers == NULL) {
-        st = weft_error(comm, WEFT_ERR_NO_MEMORY, "%s: out of memory for %d ranks", fn, p);
+        st = weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "%s: out of memory for %d ranks", fn, p);
         goto out; /* the others time out in the exchange and name this rank */
     }
     WEFT_CHECK_GOTO(weft_bootstrap_allgather(comm->bs, &me, all, sizeof(me), deadline), st, out);
@@ -146,7 +146,7 @@ out:
 weft_status_t weft_comm_split(weft_comm_t comm, int color, int key, weft_comm_t *newcomm)
 {
     if (newcomm == NULL)
-        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "weft_comm_split: newcomm is NULL");
+        return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG, "weft_comm_split: newcomm is NULL");
     *newcomm = NULL;
     if (comm == NULL || !weft_comm_acquire(comm))
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
@@ -154,7 +154,7 @@ weft_status_t weft_comm_split(weft_comm_t comm, int color, int key, weft_comm_t 
                                 "never created)");
     weft_status_t st = weft_comm_get_error(comm);
     if (st != WEFT_OK)
-        st = weft_error_quiet(comm, st, "weft_comm_split: the communicator has failed (%s)",
+        st = weft_error_quiet(weft_comm_err(comm), st, "weft_comm_split: the communicator has failed (%s)",
                               weft_status_string(st));
     else
         st = split_acquired(comm, color, key, newcomm);
@@ -199,7 +199,7 @@ static weft_status_t shrink_acquired(struct weft_comm *comm, const bool *gone,
     }
     struct weft_uid uid = {.root = comm->rescue[leader], .job = shrink_job(comm, seq, gone)};
     if (uid.root.sa.sa_family != AF_INET && uid.root.sa.sa_family != AF_INET6)
-        return weft_error(comm, WEFT_ERR_REMOTE, "%s: rank %d published no rendezvous address",
+        return weft_error(weft_comm_err(comm), WEFT_ERR_REMOTE, "%s: rank %d published no rendezvous address",
                           fn, leader);
     child_secret(comm, seq, -2, uid.job, uid.secret);
     if (leader == comm->rank) {
@@ -207,7 +207,7 @@ static weft_status_t shrink_acquired(struct weft_comm *comm, const bool *gone,
          * next shrink of this communicator finds the listener still here. */
         int fd = dup(comm->rescue_fd);
         if (fd < 0)
-            return weft_error(comm, WEFT_ERR_SYSTEM, "%s: dup of the rendezvous listener: %s",
+            return weft_error(weft_comm_err(comm), WEFT_ERR_SYSTEM, "%s: dup of the rendezvous listener: %s",
                               fn, strerror(errno));
         weft_uid_hold_listener(uid.job, fd);
     }
@@ -215,7 +215,7 @@ static weft_status_t shrink_acquired(struct weft_comm *comm, const bool *gone,
     if (st == WEFT_OK)
         inherit(*newcomm, comm);
     if (st != WEFT_OK) {
-        weft_error_quiet(comm, st, "%s: %s", fn, weft_thread_last_error());
+        weft_error_quiet(weft_comm_err(comm), st, "%s: %s", fn, weft_thread_last_error());
         int left = leader == comm->rank ? weft_uid_take_listener(uid.job) : -1;
         if (left >= 0)
             close(left); /* the child never took it */
@@ -228,7 +228,7 @@ weft_status_t weft_comm_shrink(weft_comm_t comm, const int *excluded, int nexclu
 {
     const char *fn = "weft_comm_shrink";
     if (newcomm == NULL)
-        return weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "%s: newcomm is NULL", fn);
+        return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG, "%s: newcomm is NULL", fn);
     *newcomm = NULL;
     if (comm == NULL || !weft_comm_acquire(comm))
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
@@ -236,18 +236,18 @@ weft_status_t weft_comm_shrink(weft_comm_t comm, const int *excluded, int nexclu
     weft_status_t st = WEFT_OK;
     bool *gone = calloc((size_t)comm->nranks, sizeof(*gone));
     if (gone == NULL) {
-        st = weft_error(comm, WEFT_ERR_NO_MEMORY, "%s: out of memory", fn);
+        st = weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "%s: out of memory", fn);
         goto out;
     }
     if (nexcluded < 0 || (nexcluded > 0 && excluded == NULL)) {
-        st = weft_error_quiet(comm, WEFT_ERR_INVALID_ARG, "%s: %d excluded ranks at %p", fn,
+        st = weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG, "%s: %d excluded ranks at %p", fn,
                               nexcluded, (const void *)excluded);
         goto out;
     }
     for (int i = 0; i < nexcluded; i++) {
         int r = excluded[i];
         if (r < 0 || r >= comm->nranks || gone[r]) {
-            st = weft_error_quiet(comm, WEFT_ERR_INVALID_ARG,
+            st = weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG,
                                   "%s: excluded[%d] = %d is out of range (0..%d) or repeated", fn,
                                   i, r, comm->nranks - 1);
             goto out;
@@ -255,7 +255,7 @@ weft_status_t weft_comm_shrink(weft_comm_t comm, const int *excluded, int nexclu
         gone[r] = true;
     }
     if (gone[comm->rank]) {
-        st = weft_error_quiet(comm, WEFT_ERR_INVALID_ARG,
+        st = weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG,
                               "%s: this rank (%d) is in the excluded list; excluded ranks do not "
                               "call it",
                               fn, comm->rank);

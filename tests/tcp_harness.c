@@ -137,7 +137,7 @@ static void child_main(struct world *w, int rank, int up, int down, int (*fn)(st
     if (w->bufsize)
         setenv("WEFT_SOCKET_BUFSIZE", w->bufsize, 1);
     struct rank_env e = {.w = w, .rank = rank, .up = up, .down = down};
-    struct weft_transport_init a = {.comm = NULL,
+    struct weft_transport_init a = {.err = NULL,
                                     .rank = rank,
                                     .nranks = w->nranks,
                                     .job = w->job,

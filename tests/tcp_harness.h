@@ -17,9 +17,9 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include "src/auth.h"
+#include "base/auth.h"
 #include "src/comm.h"
-#include "src/sock.h"
+#include "base/sock.h"
 #include "transports/transport.h"
 
 #define MAXR 4

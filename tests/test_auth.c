@@ -13,9 +13,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "auth.h"
+#include "base/auth.h"
 #include "comm.h"
-#include "sock.h"
+#include "base/sock.h"
 
 #define MS 1000000ull
 #define JOB 0x1122334455667788ull

@@ -19,7 +19,7 @@
 #include "comm.h"
 #include "engine.h"
 #include "harness.h"
-#include "tune.h"
+#include "select/tune.h"
 
 #define MAX_COUNT 1024            /* elements of the largest call */
 #define DETECT_S 2.0              /* a mismatch must be reported within this */
@@ -582,7 +582,7 @@ static struct weft_comm *fake_comm(int rank, int nranks)
 {
     struct weft_comm *c = calloc(1, sizeof(*c));
     cr_assert_not_null(c);
-    pthread_mutex_init(&c->err_mu, NULL);
+    weft_errsink_init(&c->err);
     c->rank = rank;
     c->nranks = nranks;
     return c;
@@ -590,7 +590,7 @@ static struct weft_comm *fake_comm(int rank, int nranks)
 
 static void fake_free(struct weft_comm *c)
 {
-    pthread_mutex_destroy(&c->err_mu);
+    weft_errsink_destroy(&c->err);
     free(c);
 }
 
@@ -618,7 +618,7 @@ Test(check_verify, agreement_and_ignored_fields)
                              .op = WEFT_MAX, .root = 3};
     weft_fp_fill(&fp[2], &a, WEFT_ALGO_RING, 524288);
     fp[2].seq = 41;
-    cr_expect_eq(weft_check_verify(c, fp), WEFT_OK, "%s", c->last_error);
+    cr_expect_eq(weft_check_verify(c, fp), WEFT_OK, "%s", c->err.msg);
     fake_free(c);
 }
 
@@ -632,7 +632,7 @@ Test(check_verify, names_first_differing_rank_and_both_calls)
     fp[3].root = 2;
     fp[4].dtype = WEFT_FLOAT16;
     cr_assert_eq(weft_check_verify(c, fp), WEFT_ERR_MISMATCH);
-    cr_expect_str_eq(c->last_error,
+    cr_expect_str_eq(c->err.msg,
                      "rank 2: collective mismatch at collective #41: rank 0 called "
                      "reduce(count=1024, bfloat16, avg, root=4) but rank 3 called "
                      "reduce(count=1024, bfloat16, avg, root=2) (2 of the 4 other ranks differ "
@@ -650,25 +650,25 @@ Test(check_verify, plan_and_sequence_and_garbage)
     fill(fp, 2, &ar);
     fp[1].algo = WEFT_ALGO_RHD;
     cr_assert_eq(weft_check_verify(c, fp), WEFT_ERR_MISMATCH);
-    cr_expect(strstr(c->last_error, "rank 0 runs it with ring and 524288-byte chunks but rank 1 "
+    cr_expect(strstr(c->err.msg, "rank 0 runs it with ring and 524288-byte chunks but rank 1 "
                                     "with rhd and 524288-byte chunks (WEFT_ALGO, "
                                     "weft_comm_set_algo or WEFT_CHUNK_SIZE differ between "
                                     "ranks)") != NULL,
-              "%s", c->last_error);
+              "%s", c->err.msg);
     /* Different sequence numbers: both are named. */
     fill(fp, 2, &ar);
     fp[1].seq = 40;
     cr_assert_eq(weft_check_verify(c, fp), WEFT_ERR_MISMATCH);
-    cr_expect(strstr(c->last_error, "rank 0 called allreduce(count=8, float32, sum) as its "
+    cr_expect(strstr(c->err.msg, "rank 0 called allreduce(count=8, float32, sum) as its "
                                     "collective #41 but rank 1 called allreduce(count=8, "
                                     "float32, sum) as its collective #40") != NULL,
-              "%s", c->last_error);
+              "%s", c->err.msg);
     /* Bytes that are not a record: a send met the exchange. */
     fill(fp, 2, &ar);
     memset(&fp[1], 0x5a, sizeof(fp[1]));
     cr_assert_eq(weft_check_verify(c, fp), WEFT_ERR_MISMATCH);
-    cr_expect(strstr(c->last_error, "rank 1 sent something other than a fingerprint") != NULL,
-              "%s", c->last_error);
+    cr_expect(strstr(c->err.msg, "rank 1 sent something other than a fingerprint") != NULL,
+              "%s", c->err.msg);
     fake_free(c);
 }
 
@@ -681,7 +681,7 @@ Test(check_verify, rank_0_the_odd_one)
     fill(fp, 4, &ag);
     fp[0].count = 11;
     cr_assert_eq(weft_check_verify(c, fp), WEFT_ERR_MISMATCH);
-    cr_expect_str_eq(c->last_error,
+    cr_expect_str_eq(c->err.msg,
                      "rank 3: collective mismatch at collective #41: rank 0 called "
                      "allgather(count=11, uint8) but rank 1 called allgather(count=10, uint8) "
                      "(every other rank called what rank 1 did)");

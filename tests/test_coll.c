@@ -25,7 +25,7 @@
 #include "algorithms/schedule.h" /* enum weft_algo */
 #include "comm.h"                /* comm->algos: what WEFT_ALGO allowed */
 #include "harness.h"
-#include "tune.h"
+#include "select/tune.h"
 
 /* ---- inputs and expected values ------------------------------------------ */
 

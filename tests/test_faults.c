@@ -23,7 +23,7 @@
 
 #include "harness.h"
 #include "src/comm.h"
-#include "src/sock.h"
+#include "base/sock.h"
 #include "transports/shm/shm.h"
 #include "transports/tcp/tcp.h"
 #include "transports/transport.h"

@@ -16,7 +16,7 @@
 #include "tests/fuzz/fuzz.h"
 #include "src/bootstrap.h"
 #include "src/comm.h"
-#include "src/topo.h"
+#include "select/topo.h"
 #include "transports/tcp/tcp.h"
 
 #ifndef FUZZ_CORPUS_DIR

@@ -22,11 +22,11 @@
 #include <unistd.h>
 
 #include "config.h" /* HAVE_RDMACM */
-#include "auth.h"
+#include "base/auth.h"
 #include "bootstrap.h"
 #include "comm.h"
 #include "harness.h"
-#include "sock.h"
+#include "base/sock.h"
 
 #define MS 1000000ull
 

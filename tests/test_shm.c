@@ -712,7 +712,7 @@ Test(shm, sleeping_receiver_is_woken, .timeout = 30)
 static struct weft_transport_init solo_args(uint8_t *secret, int rank, int nranks, uint64_t job)
 {
     memset(secret, 7, WEFT_SECRET_BYTES);
-    return (struct weft_transport_init){.comm = NULL,
+    return (struct weft_transport_init){.err = NULL,
                                         .rank = rank,
                                         .nranks = nranks,
                                         .job = job,

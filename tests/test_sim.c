@@ -12,8 +12,8 @@
 #include <time.h>
 
 #include "algorithms/schedule.h"
-#include "algorithms/sim.h"
-#include "src/topo.h"
+#include "select/sim.h"
+#include "select/topo.h"
 #include "testutil.h"
 
 /* A uniform network: every link costs the same. */

@@ -14,9 +14,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "src/auth.h"
+#include "base/auth.h"
 #include "src/comm.h"
-#include "src/sock.h"
+#include "base/sock.h"
 #include "tests/tcp_harness.h"
 
 #define MIB (1u << 20)
@@ -607,7 +607,7 @@ Test(tcp, connection_setup_failures, .timeout = 30)
 static struct weft_transport_init solo_args(uint8_t *secret, int rank, int nranks)
 {
     memset(secret, 7, WEFT_SECRET_BYTES);
-    return (struct weft_transport_init){.comm = NULL,
+    return (struct weft_transport_init){.err = NULL,
                                         .rank = rank,
                                         .nranks = nranks,
                                         .job = 42,

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
-#include "topo.h"
+#include "select/topo.h"
 
 /* The tables these tests model join hosts with tcp (verbs has its own rows). */
 #define SHM_TCP ((1u << WEFT_LINK_SHM) | (1u << WEFT_LINK_TCP))

@@ -20,7 +20,7 @@
 
 #include "harness.h"
 #include "src/comm.h"
-#include "src/topo.h"
+#include "select/topo.h"
 #include "transports/shm/shm.h"
 #include "transports/transport.h"
 

@@ -10,8 +10,8 @@
 
 #include "algorithms/schedule.h"
 #include "comm.h"
-#include "topo.h"
-#include "tune.h"
+#include "select/topo.h"
+#include "select/tune.h"
 
 #define ALL WEFT_PLAN_ALL
 #define FAM(a) WEFT_PLAN_FAMILY(WEFT_ALGO_##a)

@@ -16,7 +16,7 @@
 
 #include "comm.h"
 #include "harness.h"
-#include "tune.h"
+#include "select/tune.h"
 
 /* More than the untimed calls and trials (6 candidates x (1 + 3), or 3 x
  * (1 + 6), here) and the exchange. */

@@ -35,7 +35,7 @@ jobs=$(nproc); [ "$jobs" -gt 2 ] && jobs=2
 
 out=build-fuzz
 mkdir -p "$out/obj"
-# Only src/topo.c reads config.h (for hwloc); the fuzz build needs none of
+# Only select/topo.c reads config.h (for hwloc); the fuzz build needs none of
 # the optional libraries.
 [ -f "$out/config.h" ] || echo '/* build-fuzz: no optional libraries */' >"$out/config.h"
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined"
@@ -43,8 +43,8 @@ cflags="-std=gnu11 -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-para
         -Wno-unknown-pragmas -D_GNU_SOURCE -Iinclude -I. -Isrc -I$out $san"
 
 # The library: every source, rebuilt when it or any header is newer.
-srcs=(src/*.c algorithms/*.c transports/tcp/*.c transports/shm/*.c)
-newest_h=$(ls -t src/*.h algorithms/*.h transports/*.h transports/*/*.h include/*.h | head -n 1)
+srcs=(base/*.c algorithms/*.c select/*.c src/*.c transports/tcp/*.c transports/shm/*.c)
+newest_h=$(ls -t base/*.h select/*.h src/*.h algorithms/*.h transports/*.h transports/*/*.h include/*.h | head -n 1)
 stale=()
 for s in "${srcs[@]}"; do
     o="$out/obj/$(echo "${s%.c}" | tr / _).o"

@@ -37,10 +37,10 @@
 #include "algorithms/schedule.h"
 #include "src/comm.h"
 #include "transports/transport.h"
-#include "src/internal.h"
-#include "src/sock.h"
-#include "src/topo.h"
-#include "src/tune.h"
+#include "base/internal.h"
+#include "base/sock.h"
+#include "select/topo.h"
+#include "select/tune.h"
 
 static void params(bool markdown)
 {

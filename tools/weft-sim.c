@@ -49,9 +49,9 @@
 #include <string.h>
 
 #include "algorithms/schedule.h"
-#include "algorithms/sim.h"
+#include "select/sim.h"
 #include "src/comm.h"
-#include "src/internal.h"
+#include "base/internal.h"
 
 static const char usage[] =
     "usage: weft-sim -n P [--nodes K --ppn M] [--alpha-us A --gbps B]\n"

@@ -12,13 +12,13 @@
 #include <stdint.h>
 
 #include "config.h" /* HAVE_VERBS */
-#include "src/internal.h"
-#include "src/sock.h"
+#include "base/internal.h"
+#include "base/sock.h"
 
 #define WEFT_TRANSPORT_ADDR_MAX 128 /* bytes of a published address */
 
 struct weft_transport_init {
-    struct weft_comm *comm;     /* error records go here (weft_error) */
+    struct weft_errsink *err;   /* the communicator's error record (weft_error) */
     int rank, nranks;
     uint64_t job;               /* communicator identity, covered by the handshake */
     const uint8_t *secret;      /* WEFT_SECRET_BYTES, authenticates every connection */

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/internal.h"
+#include "base/internal.h"
 
 /* The targets: each returns 0 (libFuzzer's convention) or does not return. */
 int weft_fuzz_uid(const uint8_t *data, size_t size);

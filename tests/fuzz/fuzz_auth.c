@@ -1,6 +1,6 @@
 /*
  * fuzz_auth.c - the handshake every bootstrap and data connection passes
- * (src/auth.c), driven over a socketpair exactly as the sockets drive it:
+ * (base/auth.c), driven over a socketpair exactly as the sockets drive it:
  * a stranger's bytes to the acceptor, a hostile acceptor's bytes to the
  * connector, and a real connector against a real acceptor with any hello.
  * Nobody without the secret gets in, the reason for a refusal is the right
@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "fuzz.h"
-#include "src/auth.h"
+#include "base/auth.h"
 #include "src/bootstrap.h"
 #include "transports/tcp/tcp.h"
 

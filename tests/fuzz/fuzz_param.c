@@ -1,5 +1,5 @@
 /*
- * fuzz_param.c - the parsers of environment parameters (src/param.c and
+ * fuzz_param.c - the parsers of environment parameters (base/param.c and
  * the lists built on them): weft_parse_size (every "int" parameter),
  * weft_parse_mask (WEFT_DEBUG_SUBSYS, WEFT_ALGO, WEFT_TRANSPORT, checked
  * against a reference reading of the list), the two error-reporting
@@ -14,9 +14,9 @@
 #include "fuzz.h"
 #include "algorithms/schedule.h"
 #include "src/comm.h"
-#include "src/sock.h"
-#include "src/topo.h"
-#include "src/tune.h"
+#include "base/sock.h"
+#include "select/topo.h"
+#include "select/tune.h"
 
 static const char *const subsys[] = {"INIT", "NET", "COLL", "BOOT", "ENV", "ALL"};
 static const char *const algos[] = {"ring", "rhd", "tree", "allreduce:", ";", "^"};

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "fuzz.h"
-#include "src/sock.h"
+#include "base/sock.h"
 #include "transports/tcp/tcp.h"
 
 #define MAX_RECVS 8

@@ -1,5 +1,5 @@
 /*
- * fuzz_topo.c - the topology file (WEFT_TOPO_FILE, src/topo_file.c) on a
+ * fuzz_topo.c - the topology file (WEFT_TOPO_FILE, select/topo_file.c) on a
  * table of up to 8 ranks on up to 3 hosts.  A good file leaves every link
  * consistent (self on the diagonal, shm only within a host, allowed
  * transports only, finite costs, both directions alike); a bad one is
@@ -11,7 +11,7 @@
 #include <math.h>
 
 #include "fuzz.h"
-#include "src/topo.h"
+#include "select/topo.h"
 
 #define MAX_RANKS 8
 

@@ -16,9 +16,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "src/auth.h"
+#include "base/auth.h"
 #include "src/bootstrap.h"
-#include "src/sock.h"
+#include "base/sock.h"
 #include "transports/tcp/tcp.h"
 
 static const char *root;

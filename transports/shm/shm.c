@@ -19,7 +19,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "src/comm.h"
 #include "transports/shm/shm.h"
 #include "transports/transport.h"
 
@@ -134,7 +133,7 @@ void shm_conn_fail(struct shm_conn *c, weft_status_t status, const char *fmt, ..
     vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
     va_end(ap);
     c->err = status;
-    weft_error(c->ctx->comm, status, "%s", c->errmsg);
+    weft_error(c->ctx->err, status, "%s", c->errmsg);
     conn_close(c, status);
 }
 
@@ -530,7 +529,7 @@ static weft_status_t shm_set_waker(void *vctx, void (*fn)(void *), void *arg)
     ctx->wake_arg = arg;
     int err = pthread_create(&ctx->waker, NULL, waker_main, ctx);
     if (err != 0)
-        return weft_error(ctx->comm, WEFT_ERR_SYSTEM, "rank %d: cannot start the shm waker: %s",
+        return weft_error(ctx->err, WEFT_ERR_SYSTEM, "rank %d: cannot start the shm waker: %s",
                           ctx->rank, strerror(err));
     ctx->waker_on = true;
     return WEFT_OK;
@@ -589,7 +588,7 @@ static weft_status_t shm_post(struct shm_conn *c, bool is_send, void *buf, size_
     struct shm_ctx *ctx = c->ctx;
     struct shm_req *r = req_get(ctx);
     if (r == NULL)
-        return weft_error(ctx->comm, WEFT_ERR_NO_MEMORY, "rank %d: no memory for a shm request",
+        return weft_error(ctx->err, WEFT_ERR_NO_MEMORY, "rank %d: no memory for a shm request",
                           ctx->rank);
     r->conn = c;
     r->buf = buf;
@@ -624,7 +623,7 @@ static weft_status_t shm_isend(void *conn, const void *buf, size_t bytes, void *
 {
     struct shm_conn *c = conn;
     if (c == NULL || req == NULL || (buf == NULL && bytes > 0))
-        return weft_error_quiet(c ? c->ctx->comm : NULL, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(c ? c->ctx->err : NULL, WEFT_ERR_INVALID_ARG,
                                 "shm isend: NULL %s", c == NULL ? "connection" : "argument");
     return shm_post(c, true, (void *)(uintptr_t)buf, bytes, NULL, NULL, req);
 }
@@ -633,7 +632,7 @@ static weft_status_t shm_irecv(void *conn, void *buf, size_t bytes, void **req)
 {
     struct shm_conn *c = conn;
     if (c == NULL || req == NULL || (buf == NULL && bytes > 0))
-        return weft_error_quiet(c ? c->ctx->comm : NULL, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(c ? c->ctx->err : NULL, WEFT_ERR_INVALID_ARG,
                                 "shm irecv: NULL %s", c == NULL ? "connection" : "argument");
     return shm_post(c, false, buf, bytes, NULL, NULL, req);
 }
@@ -643,7 +642,7 @@ static weft_status_t shm_irecv_take(void *conn, void *buf, size_t bytes, weft_ta
 {
     struct shm_conn *c = conn;
     if (c == NULL || req == NULL || take == NULL || (buf == NULL && bytes > 0))
-        return weft_error_quiet(c ? c->ctx->comm : NULL, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(c ? c->ctx->err : NULL, WEFT_ERR_INVALID_ARG,
                                 "shm irecv_take: NULL %s", c == NULL ? "connection" : "argument");
     return shm_post(c, false, buf, bytes, take, arg, req);
 }
@@ -665,7 +664,7 @@ static weft_status_t shm_test(void *vreq, int *done, size_t *bytes)
     if (st < 0)
         /* Recorded (and logged) when the connection failed; recorded again
          * so that the caller reads this request's cause. */
-        return weft_error_quiet(c->ctx->comm, st, "%s", c->errmsg);
+        return weft_error_quiet(c->ctx->err, st, "%s", c->errmsg);
     if (bytes)
         *bytes = n;
     return WEFT_OK;

@@ -15,7 +15,6 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "src/comm.h"
 #include "transports/transport.h"
 
 #define SHM_SEG_MAGIC 0x31304d5354464557ull /* "WEFTSM01" in memory */
@@ -188,7 +187,7 @@ struct weft_shm_stats {
  * unlinked by ready() or finalize.
  */
 struct shm_ctx {
-    struct weft_comm *comm;
+    struct weft_errsink *err;
     int rank, nranks;
     int *group, ngroup;                 /* ranks with a ring here (ascending); NULL: all */
     pid_t pid;

@@ -20,7 +20,6 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "src/comm.h"
 #include "transports/shm/shm.h"
 #include "transports/transport.h"
 
@@ -83,7 +82,7 @@ static weft_status_t env_size(const struct weft_transport_init *args, const char
     if (v == NULL || *v == '\0')
         return WEFT_OK;
     if (!weft_parse_size(v, out) || *out < lo || *out > hi)
-        return weft_error(args->comm, WEFT_ERR_INVALID_ARG,
+        return weft_error(args->err, WEFT_ERR_INVALID_ARG,
                           "%s=%s is not a size in %lld..%lld", name, v, (long long)lo,
                           (long long)hi);
     return WEFT_OK;
@@ -120,14 +119,14 @@ static weft_status_t seg_stale(struct shm_ctx *ctx)
         close(fd);
     }
     if (old.magic == SHM_SEG_MAGIC && old.pid > 0 && old.pid != ctx->pid && pid_alive(old.pid))
-        return weft_error(ctx->comm, WEFT_ERR_SYSTEM,
+        return weft_error(ctx->err, WEFT_ERR_SYSTEM,
                           "rank %d: shared-memory segment %s exists and belongs to the live "
                           "process %d (is rank %d of this job running twice?)",
                           ctx->rank, ctx->name, (int)old.pid, ctx->rank);
     WEFT_WARN(WEFT_SUB_NET, "rank %d: removing the stale shared-memory segment %s (pid %d is gone)",
               ctx->rank, ctx->name, (int)old.pid);
     if (seg_unlink(ctx->name, ctx->use_path) < 0 && errno != ENOENT)
-        return weft_error(ctx->comm, WEFT_ERR_SYSTEM,
+        return weft_error(ctx->err, WEFT_ERR_SYSTEM,
                           "rank %d: cannot remove the stale shared-memory segment %s: %s",
                           ctx->rank, ctx->name, strerror(errno));
     return WEFT_OK;
@@ -142,14 +141,14 @@ static weft_status_t seg_error(struct shm_ctx *ctx, int fd, const char *dir, con
         unsigned long long avail = 0;
         if (fstatvfs(fd, &sv) == 0)
             avail = (unsigned long long)sv.f_bavail * sv.f_frsize;
-        return weft_error(ctx->comm, WEFT_ERR_SYSTEM,
+        return weft_error(ctx->err, WEFT_ERR_SYSTEM,
                           "rank %d: cannot create the shared-memory segment %s: %s is full "
                           "(%llu bytes free, %zu needed for %d ring%s of %u slots x %zu bytes; "
                           "see WEFT_SHM_SLOTS and WEFT_SHM_SLOT_BYTES)",
                           ctx->rank, ctx->name, dir, avail, ctx->seg_bytes, ctx->ngroup - 1,
                           ctx->ngroup == 2 ? "" : "s", ctx->nslots, ctx->slot_bytes);
     }
-    return weft_error(ctx->comm, err == ENOMEM ? WEFT_ERR_NO_MEMORY : WEFT_ERR_SYSTEM,
+    return weft_error(ctx->err, err == ENOMEM ? WEFT_ERR_NO_MEMORY : WEFT_ERR_SYSTEM,
                       "rank %d: cannot %s the shared-memory segment %s of %zu bytes: %s",
                       ctx->rank, what, ctx->name, ctx->seg_bytes, strerror(err));
 }
@@ -165,7 +164,7 @@ static weft_status_t seg_create(struct shm_ctx *ctx, const char *dir)
         WEFT_CHECK(seg_stale(ctx));
     }
     if (fd < 0)
-        return weft_error(ctx->comm, WEFT_ERR_SYSTEM,
+        return weft_error(ctx->err, WEFT_ERR_SYSTEM,
                           "rank %d: cannot create the shared-memory segment %s in %s: %s",
                           ctx->rank, ctx->name, dir, strerror(errno));
     weft_status_t st;
@@ -219,11 +218,11 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "shm init: NULL argument");
     *vctx = NULL;
     if (args->nranks < 1 || args->rank < 0 || args->rank >= args->nranks)
-        return weft_error_quiet(args->comm, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(args->err, WEFT_ERR_INVALID_ARG,
                                 "shm init: rank %d of %d ranks is not valid", args->rank,
                                 args->nranks);
     if (*addrlen < sizeof(struct shm_addr))
-        return weft_error_quiet(args->comm, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(args->err, WEFT_ERR_INVALID_ARG,
                                 "shm init: address buffer of %zu bytes, %zu needed", *addrlen,
                                 sizeof(struct shm_addr));
     int64_t nslots, slot_bytes, cma_min;
@@ -237,9 +236,9 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
 
     struct shm_ctx *ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL)
-        return weft_error(args->comm, WEFT_ERR_NO_MEMORY, "shm init: out of memory");
+        return weft_error(args->err, WEFT_ERR_NO_MEMORY, "shm init: out of memory");
     weft_status_t st;
-    ctx->comm = args->comm;
+    ctx->err = args->err;
     ctx->rank = args->rank;
     ctx->nranks = args->nranks;
     ctx->ngroup = args->group ? args->ngroup : args->nranks;
@@ -252,7 +251,7 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
                    (i == 0 || args->group[i] > args->group[i - 1]);
         }
         if (!sane || group_pos(ctx, args->rank) < 0) {
-            st = weft_error(args->comm, ctx->group ? WEFT_ERR_INVALID_ARG : WEFT_ERR_NO_MEMORY,
+            st = weft_error(args->err, ctx->group ? WEFT_ERR_INVALID_ARG : WEFT_ERR_NO_MEMORY,
                             "shm init: rank %d: bad group of %d ranks", args->rank,
                             args->ngroup);
             goto fail;
@@ -269,7 +268,7 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
     ctx->ring_bytes = ctx->ring_hdr_bytes + ctx->nslots * ctx->slot_bytes;
     size_t hdr = round_up(sizeof(struct shm_seg), ctx->page);
     if ((size_t)(ctx->ngroup - 1) > (SIZE_MAX / 2 - hdr) / ctx->ring_bytes) {
-        st = weft_error(args->comm, WEFT_ERR_INVALID_ARG,
+        st = weft_error(args->err, WEFT_ERR_INVALID_ARG,
                         "rank %d: %d rings of %zu bytes do not fit in memory", args->rank,
                         ctx->ngroup - 1, ctx->ring_bytes);
         goto fail;
@@ -277,7 +276,7 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
     ctx->seg_bytes = hdr + (size_t)(ctx->ngroup - 1) * ctx->ring_bytes;
     ctx->conns = calloc((size_t)args->nranks, sizeof(*ctx->conns));
     if (ctx->conns == NULL) {
-        st = weft_error(args->comm, WEFT_ERR_NO_MEMORY, "shm init: out of memory");
+        st = weft_error(args->err, WEFT_ERR_NO_MEMORY, "shm init: out of memory");
         goto fail;
     }
     ctx->use_path = strcmp(dir, "/dev/shm") != 0 && strcmp(dir, "/dev/shm/") != 0;
@@ -286,7 +285,7 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
                             : snprintf(ctx->name, sizeof(ctx->name), "/weft-%016" PRIx64 "-%d",
                                        ctx->job, ctx->rank);
     if (len < 0 || (size_t)len >= sizeof(ctx->name)) {
-        st = weft_error(args->comm, WEFT_ERR_INVALID_ARG,
+        st = weft_error(args->err, WEFT_ERR_INVALID_ARG,
                         "WEFT_SHM_DIR=%s is too long for a segment name (%zu bytes at most)", dir,
                         sizeof(ctx->name) - 30);
         goto fail;
@@ -401,27 +400,27 @@ weft_status_t shm_connect(void *vctx, int peer, const void *addr, size_t addrlen
 {
     struct shm_ctx *ctx = vctx;
     if (ctx == NULL || addr == NULL || vconn == NULL)
-        return weft_error_quiet(ctx ? ctx->comm : NULL, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(ctx ? ctx->err : NULL, WEFT_ERR_INVALID_ARG,
                                 "shm connect: NULL argument");
     if (peer < 0 || peer >= ctx->nranks || peer == ctx->rank || group_pos(ctx, peer) < 0)
-        return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(ctx->err, WEFT_ERR_INVALID_ARG,
                                 "rank %d: shm connect to rank %d: not a peer on this host (0..%d)",
                                 ctx->rank, peer, ctx->nranks - 1);
     struct shm_addr a;
     if (addrlen != sizeof(a))
-        return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(ctx->err, WEFT_ERR_INVALID_ARG,
                                 "rank %d: shm address of rank %d has %zu bytes, expected %zu",
                                 ctx->rank, peer, addrlen, sizeof(a));
     memcpy(&a, addr, sizeof(a));
     a.name[sizeof(a.name) - 1] = '\0';
     if (a.magic != SHM_ADDR_MAGIC || a.version != SHM_VERSION || a.rank != peer || a.pid <= 0)
-        return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(ctx->err, WEFT_ERR_INVALID_ARG,
                                 "rank %d: the shm address of rank %d is not one (magic 0x%08x, "
                                 "version %u, rank %d)",
                                 ctx->rank, peer, a.magic, a.version, a.rank);
     if (ctx->conns[peer]) {
         if (memcmp(&ctx->conns[peer]->addr, &a, sizeof(a)) != 0)
-            return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
+            return weft_error_quiet(ctx->err, WEFT_ERR_INVALID_ARG,
                                     "rank %d: shm connect to rank %d twice with different "
                                     "addresses",
                                     ctx->rank, peer);
@@ -433,7 +432,7 @@ weft_status_t shm_connect(void *vctx, int peer, const void *addr, size_t addrlen
     int fd = seg_open(ctx, a.name, path, O_RDWR);
     if (fd < 0) {
         int err = errno;
-        return weft_error(ctx->comm, err == ENOENT ? WEFT_ERR_REMOTE : WEFT_ERR_SYSTEM,
+        return weft_error(ctx->err, err == ENOENT ? WEFT_ERR_REMOTE : WEFT_ERR_SYSTEM,
                           "rank %d: cannot open the shared-memory segment %s of rank %d (pid "
                           "%d): %s",
                           ctx->rank, a.name, peer, (int)a.pid, strerror(err));
@@ -443,7 +442,7 @@ weft_status_t shm_connect(void *vctx, int peer, const void *addr, size_t addrlen
     if (fstat(fd, &sb) < 0 || pread(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h) ||
         !seg_hdr_sane(&h, ctx, peer, sb.st_size) || h.pid != a.pid) {
         close(fd);
-        return weft_error(ctx->comm, WEFT_ERR_REMOTE,
+        return weft_error(ctx->err, WEFT_ERR_REMOTE,
                           "rank %d: the shared-memory segment %s of rank %d (pid %d) is not a "
                           "segment of this job's rank %d (%lld bytes)",
                           ctx->rank, a.name, peer, (int)a.pid, peer, (long long)sb.st_size);
@@ -452,7 +451,7 @@ weft_status_t shm_connect(void *vctx, int peer, const void *addr, size_t addrlen
     struct shm_conn *c = calloc(1, sizeof(*c));
     if (c == NULL) {
         close(fd);
-        return weft_error(ctx->comm, WEFT_ERR_NO_MEMORY, "rank %d: no memory for a connection",
+        return weft_error(ctx->err, WEFT_ERR_NO_MEMORY, "rank %d: no memory for a connection",
                           ctx->rank);
     }
     c->ctx = ctx;
@@ -476,7 +475,7 @@ weft_status_t shm_connect(void *vctx, int peer, const void *addr, size_t addrlen
         if (hdr != MAP_FAILED)
             munmap(hdr, h.hdr_bytes);
         free(c);
-        return weft_error(ctx->comm, err == ENOMEM ? WEFT_ERR_NO_MEMORY : WEFT_ERR_SYSTEM,
+        return weft_error(ctx->err, err == ENOMEM ? WEFT_ERR_NO_MEMORY : WEFT_ERR_SYSTEM,
                           "rank %d: cannot map %llu bytes of the shared-memory segment %s of "
                           "rank %d: %s",
                           ctx->rank, (unsigned long long)h.ring_bytes, a.name, peer,

@@ -16,9 +16,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "src/auth.h"
-#include "src/comm.h"
-#include "src/sock.h"
+#include "base/auth.h"
+#include "base/sock.h"
 #include "transports/transport.h"
 #include "transports/tcp/tcp.h"
 
@@ -130,7 +129,7 @@ void tcp_conn_fail(struct tcp_conn *c, weft_status_t status, const char *fmt, ..
     vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
     va_end(ap);
     c->err = status;
-    weft_error(c->ctx->comm, status, "%s", c->errmsg);
+    weft_error(c->ctx->err, status, "%s", c->errmsg);
     conn_close(c, status);
 }
 
@@ -391,7 +390,7 @@ static weft_status_t tcp_post(struct tcp_conn *c, bool is_send, void *buf, size_
     struct tcp_ctx *ctx = c->ctx;
     struct tcp_req *r = req_get(ctx);
     if (r == NULL)
-        return weft_error(ctx->comm, WEFT_ERR_NO_MEMORY, "rank %d: no memory for a tcp request",
+        return weft_error(ctx->err, WEFT_ERR_NO_MEMORY, "rank %d: no memory for a tcp request",
                           ctx->rank);
     r->conn = c;
     r->buf = buf;
@@ -430,7 +429,7 @@ static weft_status_t tcp_isend(void *conn, const void *buf, size_t bytes, void *
 {
     struct tcp_conn *c = conn;
     if (c == NULL || req == NULL || (buf == NULL && bytes > 0))
-        return weft_error_quiet(c ? c->ctx->comm : NULL, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(c ? c->ctx->err : NULL, WEFT_ERR_INVALID_ARG,
                                 "tcp isend: NULL %s", c == NULL ? "connection" : "argument");
     return tcp_post(c, true, (void *)(uintptr_t)buf, bytes, req);
 }
@@ -439,7 +438,7 @@ static weft_status_t tcp_irecv(void *conn, void *buf, size_t bytes, void **req)
 {
     struct tcp_conn *c = conn;
     if (c == NULL || req == NULL || (buf == NULL && bytes > 0))
-        return weft_error_quiet(c ? c->ctx->comm : NULL, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(c ? c->ctx->err : NULL, WEFT_ERR_INVALID_ARG,
                                 "tcp irecv: NULL %s", c == NULL ? "connection" : "argument");
     return tcp_post(c, false, buf, bytes, req);
 }
@@ -461,7 +460,7 @@ static weft_status_t tcp_test(void *vreq, int *done, size_t *bytes)
     if (st < 0)
         /* Recorded (and logged) when the connection failed; recorded again
          * so that the caller reads this request's cause. */
-        return weft_error_quiet(c->ctx->comm, st, "%s", c->errmsg);
+        return weft_error_quiet(c->ctx->err, st, "%s", c->errmsg);
     if (bytes)
         *bytes = n;
     return WEFT_OK;
@@ -483,7 +482,7 @@ static weft_status_t ctx_poll_room(struct tcp_ctx *ctx, size_t n)
     if (pkind)
         ctx->pkind = pkind;
     if (!pfd || !pst || !pkind)
-        return weft_error(ctx->comm, WEFT_ERR_NO_MEMORY, "rank %d: no memory for %zu poll entries",
+        return weft_error(ctx->err, WEFT_ERR_NO_MEMORY, "rank %d: no memory for %zu poll entries",
                           ctx->rank, n);
     ctx->pcap = cap;
     return WEFT_OK;
@@ -536,7 +535,7 @@ static weft_status_t tcp_progress(void *vctx, int timeout_ms)
     if (rc < 0) {
         if (errno == EINTR)
             return WEFT_OK;
-        return weft_error(ctx->comm, WEFT_ERR_SYSTEM, "rank %d: tcp poll on %zu sockets: %s",
+        return weft_error(ctx->err, WEFT_ERR_SYSTEM, "rank %d: tcp poll on %zu sockets: %s",
                           ctx->rank, n, strerror(errno));
     }
     for (size_t i = 0; i < n && rc > 0; i++) {

@@ -11,9 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "src/auth.h"
-#include "src/comm.h"
-#include "src/sock.h"
+#include "base/auth.h"
+#include "base/sock.h"
 #include "transports/transport.h"
 
 #define TCP_HDR_LEN 24                 /* u32 magic, u32 reserved, u64 seq, u64 len */
@@ -113,7 +112,7 @@ struct tcp_slab {
  * handshakes, the listener and the eventfd.
  */
 struct tcp_ctx {
-    struct weft_comm *comm;
+    struct weft_errsink *err;
     int rank, nranks, nstreams, bufsize;
     uint64_t job, timeout_ns;
     uint8_t secret[WEFT_SECRET_BYTES];

@@ -12,9 +12,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "src/auth.h"
-#include "src/comm.h"
-#include "src/sock.h"
+#include "base/auth.h"
+#include "base/sock.h"
 #include "transports/transport.h"
 #include "transports/tcp/tcp.h"
 
@@ -224,28 +223,28 @@ weft_status_t tcp_init(const struct weft_transport_init *args, void **vctx, void
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "tcp init: NULL argument");
     *vctx = NULL;
     if (args->nranks < 1 || args->rank < 0 || args->rank >= args->nranks || args->secret == NULL)
-        return weft_error_quiet(args->comm, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(args->err, WEFT_ERR_INVALID_ARG,
                                 "tcp init: rank %d of %d ranks (secret %s) is not valid",
                                 args->rank, args->nranks, args->secret ? "set" : "NULL");
     if (*addrlen < sizeof(union weft_sockaddr))
-        return weft_error_quiet(args->comm, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(args->err, WEFT_ERR_INVALID_ARG,
                                 "tcp init: address buffer of %zu bytes, %zu needed", *addrlen,
                                 sizeof(union weft_sockaddr));
     int64_t nstreams = weft_param_int("WEFT_SOCKET_NSTREAMS");
     int64_t bufsize = weft_param_int("WEFT_SOCKET_BUFSIZE");
     if (nstreams < 1 || nstreams > TCP_MAX_STREAMS)
-        return weft_error(args->comm, WEFT_ERR_INVALID_ARG,
+        return weft_error(args->err, WEFT_ERR_INVALID_ARG,
                           "WEFT_SOCKET_NSTREAMS=%lld is out of range (1..%d)",
                           (long long)nstreams, TCP_MAX_STREAMS);
     if (bufsize < 0 || bufsize > (1 << 30))
-        return weft_error(args->comm, WEFT_ERR_INVALID_ARG,
+        return weft_error(args->err, WEFT_ERR_INVALID_ARG,
                           "WEFT_SOCKET_BUFSIZE=%lld is out of range (0..1G)", (long long)bufsize);
 
     struct tcp_ctx *ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL)
-        return weft_error(args->comm, WEFT_ERR_NO_MEMORY, "tcp init: out of memory");
+        return weft_error(args->err, WEFT_ERR_NO_MEMORY, "tcp init: out of memory");
     weft_status_t st;
-    ctx->comm = args->comm;
+    ctx->err = args->err;
     ctx->rank = args->rank;
     ctx->nranks = args->nranks;
     ctx->nstreams = (int)nstreams;
@@ -260,19 +259,19 @@ weft_status_t tcp_init(const struct weft_transport_init *args, void **vctx, void
     ctx->pst = malloc(ctx->pcap * sizeof(*ctx->pst));
     ctx->pkind = malloc(ctx->pcap * sizeof(*ctx->pkind));
     if (!ctx->conns || !ctx->pfd || !ctx->pst || !ctx->pkind) {
-        st = weft_error(args->comm, WEFT_ERR_NO_MEMORY, "tcp init: out of memory");
+        st = weft_error(args->err, WEFT_ERR_NO_MEMORY, "tcp init: out of memory");
         goto fail;
     }
     ctx->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (ctx->efd < 0) {
-        st = weft_error(args->comm, weft_errno_status(errno), "tcp init: eventfd: %s",
+        st = weft_error(args->err, weft_errno_status(errno), "tcp init: eventfd: %s",
                         strerror(errno));
         goto fail;
     }
     ctx->laddr = args->local;
     st = weft_sock_listen(&ctx->laddr, &ctx->lfd);
     if (st < 0) {
-        st = weft_error(args->comm, st, "rank %d: tcp transport cannot listen: %s", args->rank,
+        st = weft_error(args->err, st, "rank %d: tcp transport cannot listen: %s", args->rank,
                         weft_thread_last_error());
         goto fail;
     }
@@ -315,22 +314,22 @@ weft_status_t tcp_connect(void *vctx, int peer, const void *addr, size_t addrlen
 {
     struct tcp_ctx *ctx = vctx;
     if (ctx == NULL || addr == NULL || vconn == NULL)
-        return weft_error_quiet(ctx ? ctx->comm : NULL, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(ctx ? ctx->err : NULL, WEFT_ERR_INVALID_ARG,
                                 "tcp connect: NULL argument");
     if (peer < 0 || peer >= ctx->nranks || peer == ctx->rank)
-        return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(ctx->err, WEFT_ERR_INVALID_ARG,
                                 "rank %d: tcp connect to rank %d: not a peer in 0..%d", ctx->rank,
                                 peer, ctx->nranks - 1);
     union weft_sockaddr a;
     char why[160];
     if (tcp_addr_parse(ctx, peer, addr, addrlen, &a, why, sizeof(why)) != WEFT_OK)
-        return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG, "%s", why);
+        return weft_error_quiet(ctx->err, WEFT_ERR_INVALID_ARG, "%s", why);
     struct tcp_conn *c = tcp_conn_get(ctx, peer);
     if (c == NULL)
-        return weft_error(ctx->comm, WEFT_ERR_NO_MEMORY, "rank %d: no memory for a connection",
+        return weft_error(ctx->err, WEFT_ERR_NO_MEMORY, "rank %d: no memory for a connection",
                           ctx->rank);
     if (c->have_addr && memcmp(&c->addr, &a, sizeof(a)) != 0)
-        return weft_error_quiet(ctx->comm, WEFT_ERR_INVALID_ARG,
+        return weft_error_quiet(ctx->err, WEFT_ERR_INVALID_ARG,
                                 "rank %d: tcp connect to rank %d twice with different addresses",
                                 ctx->rank, peer);
     c->addr = a;

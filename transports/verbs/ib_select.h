@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "internal.h"
+#include "base/internal.h"
 
 #define WEFT_IB_HCA_MAX 32  /* entries in one WEFT_IB_HCA list */
 #define WEFT_IB_NAME_MAX 63 /* characters in a device name (ibv's IBV_SYSFS_NAME_MAX - 1) */

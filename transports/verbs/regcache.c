@@ -154,7 +154,7 @@ weft_status_t vb_reg_mem(void *vctx, void *buf, size_t bytes, void **mh)
     else
         m->refs--; /* get took one; the pin below is the registration's */
     if (m == NULL)
-        return weft_error(ctx->comm, WEFT_ERR_SYSTEM,
+        return weft_error(ctx->err, WEFT_ERR_SYSTEM,
                           "rank %d: %s: cannot register %zu bytes at %p: %s", ctx->rank,
                           ctx->devname, bytes, buf, errno ? strerror(errno) : "overlaps a range in use");
     m->refs++;
@@ -178,7 +178,7 @@ weft_status_t vb_dereg_mem(void *vctx, void *mh)
         return WEFT_OK;
     }
     return mh == NULL ? WEFT_OK
-                      : weft_error(ctx->comm, WEFT_ERR_INVALID_ARG,
+                      : weft_error(ctx->err, WEFT_ERR_INVALID_ARG,
                                    "rank %d: %p is not a verbs registration of this communicator",
                                    ctx->rank, mh);
 }

@@ -87,7 +87,7 @@ void vb_conn_fail(struct vb_conn *c, weft_status_t st, const char *fmt, ...)
     va_end(ap);
     c->err = st;
     c->state = VB_FAILED;
-    weft_error(c->ctx->comm, st, "%s", c->errmsg);
+    weft_error(c->ctx->err, st, "%s", c->errmsg);
     /* Tell the peer now: its side of the queue pairs would only learn of
      * it from a retry timeout.  The request is freed with the tcp context. */
     static const uint8_t failed = VB_FAILED_BYTE;
@@ -471,7 +471,7 @@ static weft_status_t post(void *vconn, void *buf, size_t bytes, bool is_send, vo
     struct vb_ctx *ctx = c->ctx;
     struct vb_req *r = req_get(ctx);
     if (r == NULL)
-        return weft_error(ctx->comm, WEFT_ERR_NO_MEMORY, "rank %d: verbs: out of memory", ctx->rank);
+        return weft_error(ctx->err, WEFT_ERR_NO_MEMORY, "rank %d: verbs: out of memory", ctx->rank);
     r->conn = c;
     r->is_send = is_send;
     r->buf = buf;
@@ -535,7 +535,7 @@ static weft_status_t vb_test(void *vreq, int *done, size_t *bytes)
     req_release(c->ctx, r);
     *done = 1;
     if (st < 0)
-        return weft_error_quiet(c->ctx->comm, st, "%s",
+        return weft_error_quiet(c->ctx->err, st, "%s",
                                 c->err != WEFT_OK ? c->errmsg : c->ctx->fatalmsg);
     if (bytes)
         *bytes = n;
@@ -581,7 +581,7 @@ static weft_status_t vb_progress(void *vctx, int timeout_ms)
     }
     poll_cq(ctx);
     if (ctx->fatal != WEFT_OK)
-        return weft_error(ctx->comm, ctx->fatal, "%s", ctx->fatalmsg);
+        return weft_error(ctx->err, ctx->fatal, "%s", ctx->fatalmsg);
     return WEFT_OK;
 }
 
@@ -626,7 +626,7 @@ static weft_status_t vb_set_waker(void *vctx, void (*fn)(void *), void *arg)
     ctx->wake_arg = arg;
     int rc = pthread_create(&ctx->waker, NULL, waker_main, ctx);
     if (rc != 0)
-        return weft_error(ctx->comm, WEFT_ERR_SYSTEM, "rank %d: verbs: cannot start a thread: %s",
+        return weft_error(ctx->err, WEFT_ERR_SYSTEM, "rank %d: verbs: cannot start a thread: %s",
                           ctx->rank, strerror(rc));
     ctx->waker_on = true;
     return WEFT_OK;

@@ -23,8 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "src/auth.h"
-#include "src/comm.h"
+#include "base/auth.h"
 #include "transports/transport.h"
 
 #define VB_FIFO 32                 /* messages described at once per direction */
@@ -218,7 +217,7 @@ struct vb_slab {
  * channel and calls the sleeper's wakeup.
  */
 struct vb_ctx {
-    struct weft_comm *comm;
+    struct weft_errsink *err;
     int rank, nranks;
     uint8_t secret[WEFT_SECRET_BYTES];
     const struct weft_transport_ops *oob_ops; /* tcp */

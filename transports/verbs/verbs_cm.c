@@ -277,7 +277,7 @@ bool vb_cm_open(struct vb_ctx *ctx, const union weft_sockaddr *local, const void
 }
 weft_status_t vb_cm_connect(struct vb_conn *c)
 {
-    return weft_error(c->ctx->comm, WEFT_ERR_INTERNAL, "rdma_cm: not built");
+    return weft_error(c->ctx->err, WEFT_ERR_INTERNAL, "rdma_cm: not built");
 }
 void vb_cm_drain(struct vb_ctx *ctx) { (void)ctx; }
 void vb_cm_qp_destroy(struct vb_qp *q) { (void)q; }

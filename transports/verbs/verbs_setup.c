@@ -23,7 +23,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "src/auth.h"
+#include "base/auth.h"
 #include "transports/verbs/ib_select.h"
 #include "transports/verbs/verbs.h"
 
@@ -76,18 +76,18 @@ static weft_status_t addr_check(const struct vb_ctx *ctx, int peer, const void *
 {
     struct vb_addr a;
     if (n != sizeof(a))
-        return weft_error(ctx->comm, WEFT_ERR_REMOTE,
+        return weft_error(ctx->err, WEFT_ERR_REMOTE,
                           "rank %d: rank %d published a verbs address of %zu bytes", ctx->rank,
                           peer, n);
     memcpy(&a, addr, sizeof(a));
     a.dev[sizeof(a.dev) - 1] = '\0';
     if (le32toh(a.magic) != VB_ADDR_MAGIC || le16toh(a.version) != 1 || a.nqps != ctx->nqps)
-        return weft_error(ctx->comm, WEFT_ERR_INVALID_ARG,
+        return weft_error(ctx->err, WEFT_ERR_INVALID_ARG,
                           "rank %d: rank %d's verbs address does not match this rank's (magic, "
                           "version, or %u queue pairs per connection against %d)",
                           ctx->rank, peer, a.nqps, ctx->nqps);
     if (a.link_layer != ctx->me.link_layer)
-        return weft_error(ctx->comm, WEFT_ERR_INVALID_ARG,
+        return weft_error(ctx->err, WEFT_ERR_INVALID_ARG,
                           "rank %d: rank %d's port is %s, this rank's is %s", ctx->rank, peer,
                           link_name(a.link_layer), link_name(ctx->me.link_layer));
     *out = a;
@@ -501,7 +501,7 @@ static weft_status_t pick_gid(struct vb_ctx *ctx, const union weft_sockaddr *loc
     bool roce = ctx->pattr.link_layer == IBV_LINK_LAYER_ETHERNET;
     int family = weft_ib_addr_family(weft_param_str("WEFT_IB_ADDR_FAMILY"));
     if (family < 0)
-        return weft_error(ctx->comm, WEFT_ERR_INVALID_ARG,
+        return weft_error(ctx->err, WEFT_ERR_INVALID_ARG,
                           "WEFT_IB_ADDR_FAMILY=%s: expected AF_INET or AF_INET6",
                           weft_param_str("WEFT_IB_ADDR_FAMILY"));
     const uint8_t *ip = NULL;
@@ -512,7 +512,7 @@ static weft_status_t pick_gid(struct vb_ctx *ctx, const union weft_sockaddr *loc
     int want = (int)weft_param_int("WEFT_IB_GID_INDEX");
     int k = weft_ib_gid_pick(cand, n, roce, want, family, ip, why, sizeof(why));
     if (k < 0)
-        return weft_error(ctx->comm, WEFT_ERR_INVALID_ARG, "rank %d: %s port %d: %s", ctx->rank,
+        return weft_error(ctx->err, WEFT_ERR_INVALID_ARG, "rank %d: %s port %d: %s", ctx->rank,
                           ctx->devname, ctx->port, why);
     if (why[0])
         WEFT_INFO(WEFT_SUB_INIT, "rank %d: %s port %d: %s", ctx->rank, ctx->devname, ctx->port,
@@ -522,11 +522,11 @@ static weft_status_t pick_gid(struct vb_ctx *ctx, const union weft_sockaddr *loc
     return WEFT_OK;
 }
 
-static int param_in(const char *name, int lo, int hi, int *out, struct weft_comm *comm)
+static int param_in(const char *name, int lo, int hi, int *out, struct weft_errsink *err)
 {
     int64_t v = weft_param_int(name);
     if (v < lo || v > hi) {
-        weft_error(comm, WEFT_ERR_INVALID_ARG, "%s=%lld: expected %d to %d", name, (long long)v,
+        weft_error(err, WEFT_ERR_INVALID_ARG, "%s=%lld: expected %d to %d", name, (long long)v,
                    lo, hi);
         return -1;
     }
@@ -538,21 +538,21 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
                       size_t *addrlen)
 {
     *vctx = NULL;
-    struct weft_comm *comm = args->comm;
+    struct weft_errsink *err = args->err;
     if (args->oob_ops == NULL || *addrlen < sizeof(struct vb_addr))
-        return weft_error(comm, WEFT_ERR_INTERNAL, "verbs init: no out-of-band transport");
+        return weft_error(err, WEFT_ERR_INTERNAL, "verbs init: no out-of-band transport");
     struct weft_ib_hca_list filter;
     char why[256];
     const char *cm_mode = weft_param_str("WEFT_IB_CM");
     if (strcmp(cm_mode, "auto") != 0 && strcmp(cm_mode, "oob") != 0 && strcmp(cm_mode, "rdmacm") != 0)
-        return weft_error(comm, WEFT_ERR_INVALID_ARG,
+        return weft_error(err, WEFT_ERR_INVALID_ARG,
                           "WEFT_IB_CM=%s: expected auto, oob or rdmacm", cm_mode);
     if (weft_ib_hca_parse(weft_param_str("WEFT_IB_HCA"), &filter, why, sizeof(why)) != WEFT_OK)
-        return weft_error(comm, WEFT_ERR_INVALID_ARG, "WEFT_IB_HCA: %s", why);
+        return weft_error(err, WEFT_ERR_INVALID_ARG, "WEFT_IB_HCA: %s", why);
     struct vb_ctx *ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL)
-        return weft_error(comm, WEFT_ERR_NO_MEMORY, "verbs: out of memory");
-    ctx->comm = comm;
+        return weft_error(err, WEFT_ERR_NO_MEMORY, "verbs: out of memory");
+    ctx->err = err;
     ctx->rank = args->rank;
     ctx->nranks = args->nranks;
     ctx->oob_ops = args->oob_ops;
@@ -563,11 +563,11 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
     ctx->rc.max_bytes = (size_t)1 << 40;
     ctx->regcache_all = weft_param_int("WEFT_IB_REGCACHE") != 0;
     weft_status_t st = WEFT_OK;
-    if (param_in("WEFT_IB_QPS_PER_CONNECTION", 1, VB_MAX_QPS, &ctx->nqps, comm) ||
-        param_in("WEFT_IB_TIMEOUT", 0, 31, &ctx->timeout, comm) ||
-        param_in("WEFT_IB_RETRY_CNT", 0, 7, &ctx->retry_cnt, comm) ||
-        param_in("WEFT_IB_TC", 0, 255, &ctx->tc, comm) ||
-        param_in("WEFT_IB_SL", 0, 15, &ctx->sl, comm)) {
+    if (param_in("WEFT_IB_QPS_PER_CONNECTION", 1, VB_MAX_QPS, &ctx->nqps, err) ||
+        param_in("WEFT_IB_TIMEOUT", 0, 31, &ctx->timeout, err) ||
+        param_in("WEFT_IB_RETRY_CNT", 0, 7, &ctx->retry_cnt, err) ||
+        param_in("WEFT_IB_TC", 0, 255, &ctx->tc, err) ||
+        param_in("WEFT_IB_SL", 0, 15, &ctx->sl, err)) {
         free(ctx);
         return WEFT_ERR_INVALID_ARG;
     }
@@ -583,7 +583,7 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
         if (list)
             ibv_free_device_list(list);
         free(ctx);
-        return weft_error_quiet(comm, WEFT_ERR_UNSUPPORTED, "no RDMA devices");
+        return weft_error_quiet(err, WEFT_ERR_UNSUPPORTED, "no RDMA devices");
     }
     if (!cm) {
         st = pick_port(ctx, list, ndev, &filter, args->rank);
@@ -593,7 +593,7 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
         WEFT_INFO(WEFT_SUB_INIT, "rank %d: no active RDMA port matches WEFT_IB_HCA=%s", ctx->rank,
                   weft_param_str("WEFT_IB_HCA"));
         free(ctx);
-        return weft_error_quiet(comm, WEFT_ERR_UNSUPPORTED, "no active RDMA port");
+        return weft_error_quiet(err, WEFT_ERR_UNSUPPORTED, "no active RDMA port");
     }
     ctx->me = (struct vb_addr){
         .magic = htole32(VB_ADDR_MAGIC),
@@ -618,7 +618,7 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
     size_t fifo_bytes = (size_t)ctx->nranks * VB_FIFO * sizeof(struct vb_desc);
     if (ctx->conns == NULL || ctx->oob_conn == NULL ||
         posix_memalign((void **)&ctx->fifo_mem, 4096, fifo_bytes) != 0) {
-        st = weft_error(comm, WEFT_ERR_NO_MEMORY, "verbs: out of memory for %d ranks", ctx->nranks);
+        st = weft_error(err, WEFT_ERR_NO_MEMORY, "verbs: out of memory for %d ranks", ctx->nranks);
         goto fail;
     }
     memset(ctx->fifo_mem, 0, fifo_bytes);
@@ -632,14 +632,14 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
     if (ctx->fifo_mr == NULL || ctx->stopfd < 0 ||
         fcntl(ctx->chan->fd, F_SETFL, fcntl(ctx->chan->fd, F_GETFL) | O_NONBLOCK) != 0 ||
         fcntl(ctx->dev->async_fd, F_SETFL, fcntl(ctx->dev->async_fd, F_GETFL) | O_NONBLOCK) != 0) {
-        st = weft_error(comm, WEFT_ERR_SYSTEM,
+        st = weft_error(err, WEFT_ERR_SYSTEM,
                         "rank %d: %s port %d: cannot set up the protection domain, completion "
                         "queue or FIFO: %s",
                         ctx->rank, ctx->devname, ctx->port, strerror(errno));
         goto fail;
     }
     if (!cm && strcmp(cm_mode, "rdmacm") == 0) {
-        st = weft_error(comm, WEFT_ERR_INVALID_ARG,
+        st = weft_error(err, WEFT_ERR_INVALID_ARG,
                         "rank %d: WEFT_IB_CM=rdmacm, but rdma_cm cannot serve %s here (the INFO "
                         "log says why); auto falls back to the tcp exchange",
                         ctx->rank, ctx->devname);
@@ -680,10 +680,10 @@ weft_status_t vb_connect(void *vctx, int peer, const void *addr, size_t addrlen,
 {
     struct vb_ctx *ctx = vctx;
     if (peer < 0 || peer >= ctx->nranks || peer == ctx->rank || ctx->oob_conn[peer] == NULL)
-        return weft_error(ctx->comm, WEFT_ERR_INTERNAL, "verbs connect: bad peer %d", peer);
+        return weft_error(ctx->err, WEFT_ERR_INTERNAL, "verbs connect: bad peer %d", peer);
     struct vb_conn *c = aligned_alloc(64, (sizeof(*c) + 63) & ~(size_t)63);
     if (c == NULL)
-        return weft_error(ctx->comm, WEFT_ERR_NO_MEMORY, "verbs: out of memory");
+        return weft_error(ctx->err, WEFT_ERR_NO_MEMORY, "verbs: out of memory");
     memset(c, 0, sizeof(*c));
     c->ctx = ctx;
     c->peer = peer;

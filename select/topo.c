@@ -24,7 +24,7 @@
 #include <hwloc.h>
 #endif
 
-#include "topo.h"
+#include "select/topo.h"
 
 /* Where the files are: "" for the real /sys and /proc. */
 struct probe {

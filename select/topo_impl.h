@@ -8,7 +8,7 @@
 
 #include <math.h>
 
-#include "topo.h"
+#include "select/topo.h"
 
 /* What one file line (or a calibration) asks of a link: transport -1 and
  * NAN costs for what it leaves alone; line 0 for "nothing". */

@@ -4,7 +4,7 @@
  */
 #include <stdlib.h>
 
-#include "internal.h"
+#include "base/internal.h"
 
 bool weft_registry_add(struct weft_registry *r, const void *p)
 {

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "auth.h"
+#include "base/auth.h"
 
 enum {
     ACC_READ_HELLO = 0,

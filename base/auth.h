@@ -18,7 +18,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "internal.h"
+#include "base/internal.h"
 
 #define WEFT_SECRET_BYTES 16
 #define WEFT_AUTH_VERSION 1

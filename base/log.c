@@ -10,8 +10,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "comm.h"
-#include "internal.h"
+#include "base/internal.h"
 
 int weft_log_level_ = WEFT_LOG_WARN;
 unsigned weft_log_subsys_ = WEFT_SUB_ALL;
@@ -131,34 +130,57 @@ const char *weft_status_string(weft_status_t status)
     return "unknown status";
 }
 
-static weft_status_t record(struct weft_comm *comm, bool log, weft_status_t status,
+void weft_errsink_init(struct weft_errsink *sink)
+{
+    pthread_mutex_init(&sink->mu, NULL);
+    sink->msg[0] = '\0';
+}
+
+void weft_errsink_destroy(struct weft_errsink *sink)
+{
+    pthread_mutex_destroy(&sink->mu);
+}
+
+const char *weft_errsink_read(struct weft_errsink *sink, char *buf, size_t len)
+{
+    pthread_mutex_lock(&sink->mu);
+    snprintf(buf, len, "%s", sink->msg);
+    pthread_mutex_unlock(&sink->mu);
+    return buf;
+}
+
+static weft_status_t record(struct weft_errsink *sink, bool log, weft_status_t status,
                             const char *fmt, va_list ap)
 {
     char msg[WEFT_ERRMSG_LEN];
     vsnprintf(msg, sizeof(msg), fmt, ap);
-    if (comm != NULL)
-        weft_comm_record_error(comm, msg);
-    else
-        snprintf(thread_error, sizeof(thread_error), "%s", msg);
+    if (sink != NULL) {
+        pthread_mutex_lock(&sink->mu);
+        memcpy(sink->msg, msg, sizeof(msg));
+        pthread_mutex_unlock(&sink->mu);
+    } else {
+        memcpy(thread_error, msg, sizeof(msg));
+    }
     if (log && status < 0)
         WEFT_WARN(WEFT_SUB_ALL, "%s: %s", weft_status_string(status), msg);
     return status;
 }
 
-weft_status_t weft_error(struct weft_comm *comm, weft_status_t status, const char *fmt, ...)
+weft_status_t weft_error(struct weft_errsink *sink, weft_status_t status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    record(comm, true, status, fmt, ap);
+    record(sink, true, status, fmt, ap);
     va_end(ap);
     return status;
 }
 
-weft_status_t weft_error_quiet(struct weft_comm *comm, weft_status_t status, const char *fmt, ...)
+weft_status_t weft_error_quiet(struct weft_errsink *sink, weft_status_t status,
+                               const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    record(comm, false, status, fmt, ap);
+    record(sink, false, status, fmt, ap);
     va_end(ap);
     return status;
 }

@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "sock.h"
+#include "base/sock.h"
 
 #define LISTEN_BACKLOG 128
 #define CONNECT_BACKOFF_MIN_NS 1000000ull    /* 1 ms */

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "topo_impl.h"
+#include "select/topo_impl.h"
 
 const char *const weft_link_names_[WEFT_LINK_NTRANSPORTS] = {"self", "shm", "tcp", "verbs"};
 

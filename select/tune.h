@@ -10,8 +10,8 @@
 
 #include <stdatomic.h>
 
-#include "internal.h"
-#include "topo.h"
+#include "base/internal.h"
+#include "select/topo.h"
 #include "algorithms/schedule.h"
 
 /* One call's choice. */
@@ -204,23 +204,15 @@ size_t weft_tune_class_bytes(int cls) WEFT_HIDDEN;
 /* The cache's index of an element size (1, 2, 4, 8 bytes). */
 int weft_tune_esize_index(size_t esize) WEFT_HIDDEN;
 
-struct weft_comm;
-/* The plan for one call on comm (cached; the first call of a class runs the
- * simulator).  A forced algorithm that cannot build coll falls back to the
- * automatic choice and says so once per collective at INFO.  *tk says how
- * the call takes part in a measurement; with tk->pending the plan returned
- * is not the one to run (weft_tune_decided gives it later).  Called with
- * the engine's mutex not held. */
-struct weft_plan weft_tune_pick(struct weft_comm *comm, int coll, size_t count, size_t esize,
-                                struct weft_tune_ticket *tk) WEFT_HIDDEN;
-/* The plans a call of coll could run on comm, best predicted first: those
- * its size class is measured over, or the one predicted; how many (room
- * for WEFT_ALGO_COUNT * WEFT_VAR_COUNT).  Changes nothing. */
-int weft_tune_plans(struct weft_comm *comm, int coll, size_t count, size_t esize,
-                    struct weft_plan *plans) WEFT_HIDDEN;
-/* Records m's winner from every rank's times (driver only; see
- * weft_tune_decide); later picks of the class get it straight away. */
-void weft_tune_record(struct weft_comm *comm, struct weft_tune_measure *m, const double *all)
-    WEFT_HIDDEN;
+/* The measurement's pieces, for the communicator's plan cache (src/plan.c):
+ * store a class's plan; how many ranked plans get timed (0: measuring is
+ * off); a new measurement of a class over plans[0..n), or NULL (fewer than
+ * two candidates, measuring off, no memory: the prediction stands). */
+void weft_tune_cache_store(struct weft_tune_cache *c, int coll, int e, int cls,
+                           struct weft_plan pl) WEFT_HIDDEN;
+int weft_tune_measured(const double *secs, int n) WEFT_HIDDEN;
+struct weft_tune_measure *weft_tune_measure_new(int coll, int e, int cls,
+                                                const struct weft_plan *plans, const double *secs,
+                                                const double *ports, int n) WEFT_HIDDEN;
 
 #endif /* WEFT_TUNE_H */

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "internal.h"
+#include "base/internal.h"
 
 static const struct weft_param_desc table[] = {
     {"WEFT_DEBUG", "str", "WARN", "log level: NONE, WARN, INFO or TRACE", "NCCL_DEBUG"},

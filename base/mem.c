@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "internal.h"
+#include "base/internal.h"
 
 #define HUGE_THRESHOLD (2u << 20)
 

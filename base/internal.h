@@ -24,9 +24,7 @@
 #define WEFT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define WEFT_MAX(a, b) ((a) > (b) ? (a) : (b))
 
-struct weft_comm;
-
-/* ---- logging (src/log.c) -------------------------------------------- */
+/* ---- logging (base/log.c) -------------------------------------------- */
 enum weft_log_level { WEFT_LOG_NONE = 0, WEFT_LOG_WARN, WEFT_LOG_INFO, WEFT_LOG_TRACE };
 enum weft_subsys {
     WEFT_SUB_INIT = 1u << 0,
@@ -69,20 +67,34 @@ void weft_log(int level, unsigned subsys, const char *file, int line, const char
         }                                                                              \
     } while (0)
 
-/* ---- error record (src/log.c) ----------------------------------------- */
-/* Records msg as comm's last error (or the thread's, comm == NULL), logs it
- * at WARN when status is an error, and returns status so callers can write
- * `return weft_error(comm, WEFT_ERR_..., "...")`. */
-weft_status_t weft_error(struct weft_comm *comm, weft_status_t status, const char *fmt, ...)
+/* ---- error record (base/log.c) ---------------------------------------- */
+#define WEFT_ERRMSG_LEN 512
+/* Where error messages are kept: each communicator embeds one and reads it
+ * for weft_comm_last_error; transports are handed their communicator's.
+ * Owner: whoever embeds it (weft_errsink_init/_destroy). */
+struct weft_errsink {
+    pthread_mutex_t mu;
+    char msg[WEFT_ERRMSG_LEN]; /* under mu */
+};
+void weft_errsink_init(struct weft_errsink *sink) WEFT_HIDDEN;
+void weft_errsink_destroy(struct weft_errsink *sink) WEFT_HIDDEN;
+/* Copies the last message into buf (thread-safe); returns buf. */
+const char *weft_errsink_read(struct weft_errsink *sink, char *buf, size_t len) WEFT_HIDDEN;
+/* Records msg in sink (or the calling thread's record, sink == NULL), logs
+ * it at WARN when status is an error, and returns status so callers can
+ * write `return weft_error(sink, WEFT_ERR_..., "...")`. */
+weft_status_t weft_error(struct weft_errsink *sink, weft_status_t status, const char *fmt, ...)
     WEFT_HIDDEN WEFT_PRINTF(3, 4);
 /* Same, without logging: for argument errors the caller sees directly. */
-weft_status_t weft_error_quiet(struct weft_comm *comm, weft_status_t status, const char *fmt, ...)
-    WEFT_HIDDEN WEFT_PRINTF(3, 4);
+weft_status_t weft_error_quiet(struct weft_errsink *sink, weft_status_t status,
+                               const char *fmt, ...) WEFT_HIDDEN WEFT_PRINTF(3, 4);
+/* The calling thread's last message (errors raised with no sink). */
+const char *weft_thread_last_error(void) WEFT_HIDDEN;
 /* errno -> status: ENOMEM -> NO_MEMORY, ETIMEDOUT -> TIMEOUT,
  * ECONNRESET/EPIPE/ECONNREFUSED -> REMOTE, else SYSTEM. */
 weft_status_t weft_errno_status(int err) WEFT_HIDDEN;
 
-/* ---- parameters (src/param.c) ------------------------------------------ */
+/* ---- parameters (base/param.c) ------------------------------------------ */
 /* A set of live handles.  Owner: a file-scope static of the module whose
  * handles it tracks; entries are borrowed pointers. */
 struct weft_registry {

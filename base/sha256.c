@@ -7,7 +7,7 @@
 #include <string.h>
 #include <sys/random.h>
 
-#include "auth.h"
+#include "base/auth.h"
 
 /* Streaming state of one hash; lives on the stack of the caller. */
 struct sha256_ctx {

@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <sys/socket.h>
 
-#include "internal.h"
+#include "base/internal.h"
 
 union weft_sockaddr {
     struct sockaddr sa;

@@ -55,7 +55,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "internal.h"
+#include "base/internal.h"
 
 /* ---- the probe (topo.c) -------------------------------------------------- */
 
@@ -242,13 +242,5 @@ struct weft_cal {
     double alpha[WEFT_LINK_NTRANSPORTS], beta[WEFT_LINK_NTRANSPORTS];
 };
 
-struct weft_comm;
-/* Ping-pongs each ring edge over the open links (all ranks call it, after
- * the links are up and before any operation), then shares the fits.
- * Nothing measured (nedges 0) with WEFT_CALIBRATE=0 or one rank.  A peer
- * that dies or stalls fails it (REMOTE, TIMEOUT at the deadline). */
-weft_status_t weft_comm_calibrate(struct weft_comm *comm, struct weft_cal *cal,
-                                  uint64_t deadline) WEFT_HIDDEN;
-void weft_cal_free(struct weft_cal *cal) WEFT_HIDDEN;
 
 #endif /* WEFT_TOPO_H */

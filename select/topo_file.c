@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "topo_impl.h"
+#include "select/topo_impl.h"
 
 #define LINE_MAX_BYTES 1024
 #define FILE_MAX_BYTES (1 << 20)

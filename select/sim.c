@@ -12,14 +12,14 @@
  * order their sends were issued (post time, then rank and step), which is
  * what makes a binomial root serve its deepest subtree first.
  */
-#include "algorithms/sim.h"
+#include "select/sim.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/topo.h"
+#include "select/topo.h"
 
 #define NONE UINT32_MAX
 /* Dependents are indexed with uint32 offsets (at most 3 per step). */
