@@ -360,26 +360,9 @@ void weft_tune_cache_store(struct weft_tune_cache *c, int coll, int e, int cls,
 }
 
 /* WEFT_TUNE_TRIALS -1: as many rounds (1 to 3) as runs of 8 calls fit
- * WEFT_TUNE_BUDGET, by the model's clock: short calls are noisy and cheap,
- * long ones steady and dear.  The budget was 10 ms; 4 ranks of one host
- * run 512 KiB reduces in 100-200 us, which the model predicts at 350-550,
- * and one round of runs of 8 timed direct and the double tree within
- * 3-20% of the ring, whose loop is 33-60% faster, and chose them in some
- * jobs.  At 40 ms such classes get 2 or 3 rounds.  A run must be long enough to reach the
- * loop's steady state, and to spread what its start costs.  On the 1
- * Gbit/s cluster runs of 4 (3 counted) timed 32 KiB ring broadcasts at 355
- * us and double tree ones at 300 us, whose loops take 280 and 410 us; runs
- * of 8 ranked them as the loop does.  On the 2x2 cluster runs of 8 timed
- * 8 B - 32 KiB reduces (10-30 us a call, 4 ranks on 2 cores) with the ring
- * at 8.6-10.5 us in some jobs, though its loop never took under 18, and
- * chose it; runs of 32 timed it at 18.6-25.  And there a run's start
- * costs one rank 300-550 us after the barrier: in a direct reduce the
- * root's node-mate runs 8 calls ahead into shared memory and then waits
- * that long for the root (which shares its core with a rank sending its
- * own run over TCP).  Runs of 32 charged direct's 8 KiB reduces 12 us a
- * call for it, and ranked them behind the binomial tree, whose loop is
- * slower; runs of 80 charge 5.  So a run lasts about WEFT_TUNE_RUN_SECS,
- * 8 to 80 calls. */
+ * WEFT_TUNE_BUDGET by the model's clock, each run about WEFT_TUNE_RUN_SECS
+ * (8 to 80 calls): long enough to reach a loop's steady state and spread
+ * what a run's start costs.  docs/tuning.md has the measurements. */
 void weft_tune_shape(int ncand, double secs, int64_t *reps, int64_t *rounds)
 {
     double per = WEFT_TUNE_BUDGET / (ncand * secs * WEFT_TUNE_RUN_MIN);
