@@ -12,9 +12,9 @@
  */
 #include <stdlib.h>
 
-#include "algorithms/schedule.h"
+#include "algorithms/registry.h"
 
-/* What one build works with; lives for one weft_direct_build call. */
+/* What one build works with; lives for one direct_build call. */
 struct direct {
     struct weft_schedule *s;
     int rank, p;
@@ -231,63 +231,20 @@ static weft_status_t build_reduce(struct direct *g, size_t n, int root)
     return WEFT_OK;
 }
 
-static weft_status_t direct_check(const struct weft_coll_desc *d, const struct weft_schedule *s)
+static weft_status_t direct_build(const struct weft_coll_desc *d, struct weft_schedule *s)
 {
-    if (!d || !s)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "direct: %s is NULL",
-                          !d ? "the collective description" : "the schedule");
-    if (!weft_algo_serves(WEFT_ALGO_DIRECT, d->variant, d->coll))
-        return weft_error(NULL, WEFT_ERR_UNSUPPORTED, "direct (variant %d): no %s", d->variant,
-                          weft_coll_name(d->coll));
-    const char *name = weft_coll_name(d->coll);
-    if (d->nranks < 1)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "direct %s: nranks %d is below 1", name,
-                          d->nranks);
-    if (d->rank < 0 || d->rank >= d->nranks)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "direct %s: rank %d is outside [0, %d)",
-                          name, d->rank, d->nranks);
-    if ((d->coll == WEFT_COLL_BROADCAST || d->coll == WEFT_COLL_REDUCE) &&
-        (d->root < 0 || d->root >= d->nranks))
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "direct %s: root %d is outside [0, %d)",
-                          name, d->root, d->nranks);
-    if (d->chunk < 1)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "direct %s: chunk is 0 elements", name);
-    if ((d->coll == WEFT_COLL_REDUCE_SCATTER || d->coll == WEFT_COLL_ALLGATHER) &&
-        d->count > SIZE_MAX / (size_t)d->nranks)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG,
-                          "direct %s: count %zu times %d ranks overflows size_t", name, d->count,
-                          d->nranks);
-    return WEFT_OK;
+    struct direct g = {.s = s, .rank = d->rank, .p = d->nranks, .chunk = d->chunk};
+    switch (d->coll) {
+    case WEFT_COLL_ALLREDUCE: return build_allreduce(&g, d->count);
+    case WEFT_COLL_REDUCE_SCATTER: return build_reduce_scatter(&g, d->count);
+    case WEFT_COLL_ALLGATHER: return build_allgather(&g, d->count);
+    case WEFT_COLL_BROADCAST: return build_broadcast(&g, d->count, d->root);
+    default: return build_reduce(&g, d->count, d->root); /* the registry let only reduce on */
+    }
 }
 
-weft_status_t weft_direct_build(const struct weft_coll_desc *d, struct weft_schedule *s)
-{
-    WEFT_CHECK(direct_check(d, s));
-    /* The schedule is rebuilt from empty; its storage is reused. */
-    s->nsteps = 0;
-    s->scratch_count = 0;
-    struct direct g = {.s = s, .rank = d->rank, .p = d->nranks, .chunk = d->chunk};
-    weft_status_t st;
-    switch (d->coll) {
-    case WEFT_COLL_ALLREDUCE:
-        st = build_allreduce(&g, d->count);
-        break;
-    case WEFT_COLL_REDUCE_SCATTER:
-        st = build_reduce_scatter(&g, d->count);
-        break;
-    case WEFT_COLL_ALLGATHER:
-        st = build_allgather(&g, d->count);
-        break;
-    case WEFT_COLL_BROADCAST:
-        st = build_broadcast(&g, d->count, d->root);
-        break;
-    default: /* WEFT_COLL_REDUCE; direct_check let nothing else through */
-        st = build_reduce(&g, d->count, d->root);
-        break;
-    }
-    if (st != WEFT_OK) {
-        s->nsteps = 0;
-        s->scratch_count = 0;
-    }
-    return st;
-}
+const struct weft_algo_desc weft_algo_direct = {
+    .name = "direct",
+    .serves = {WEFT_SERVES_ALL},
+    .build = direct_build,
+};

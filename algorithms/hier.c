@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "algorithms/schedule.h"
+#include "algorithms/registry.h"
 
 /* Where a buffer of a sub-schedule lives in the real schedule.  buf
  * HIER_ALLOC (sub-SCRATCH only): fresh scratch, as much as the sub-schedule
@@ -38,7 +38,8 @@ struct hier_place {
 #define HIER_KEEP_FINAL 0x1 /* the group's result is the collective's: FINAL stays */
 #define HIER_DROP_COPY 0x2  /* leave out the sub-schedule's COPY steps (done elsewhere) */
 
-/* How the flat sub-schedule of a phase is built. */
+/* How the flat sub-schedule of a phase is built: by a family (the first
+ * three), or by hier's own gather and scatter. */
 enum { SUB_RING, SUB_RD, SUB_TREE, SUB_GATHER, SUB_SCATTER, SUB_SCATTER_NO_OWN };
 
 /* The tracker: the real memory as segments [lo, next lo), each with the
@@ -58,7 +59,7 @@ struct hier_acc {
     bool write;
 };
 
-/* One weft_hier_build call's state. */
+/* One hier_build call's state. */
 struct hier {
     const struct weft_coll_desc *d;
     struct weft_schedule *s;
@@ -111,16 +112,6 @@ static size_t scratch_alloc(struct hier *h, size_t n)
     return off;
 }
 
-static weft_status_t add_raw(struct hier *h, const struct weft_step *st, int32_t *idx)
-{
-    int32_t i = weft_sched_add(h->s, st);
-    if (i < 0)
-        return weft_error(NULL, WEFT_ERR_NO_MEMORY, "hier: cannot grow a schedule past %zu steps",
-                          h->s->nsteps);
-    *idx = i;
-    return WEFT_OK;
-}
-
 /* A step that only waits for deps[0..n) (n <= WEFT_STEP_MAX_DEPS). */
 static weft_status_t join(struct hier *h, const int32_t *deps, size_t n, int32_t *idx)
 {
@@ -138,7 +129,7 @@ static weft_status_t join(struct hier *h, const int32_t *deps, size_t n, int32_t
     };
     for (size_t k = 0; k < n; k++)
         st.deps[k] = deps[k];
-    return add_raw(h, &st, idx);
+    return weft_sched_push(h->s, "hier", &st, idx);
 }
 
 /* ---- the tracker ------------------------------------------------------------------- */
@@ -283,7 +274,7 @@ static weft_status_t hier_append(struct hier *h, const struct weft_schedule *sub
         for (int k = 0; k < WEFT_STEP_MAX_DEPS; k++)
             st.deps[k] = (size_t)k < h->ndl ? h->dl[k] : -1;
         int32_t i = -1;
-        WEFT_CHECK(add_raw(h, &st, &i));
+        WEFT_CHECK(weft_sched_push(h->s, "hier", &st, &i));
         h->idx[j] = i;
         if (reads)
             WEFT_CHECK(trk_log(h, rd, st.count, i, false));
@@ -308,10 +299,7 @@ static weft_status_t sub_emit(struct weft_schedule *s, int kind, int buf, int sr
         .kind = (uint8_t)kind, .buf = (uint8_t)buf, .src_buf = (uint8_t)src_buf, .peer = peer,
         .deps = {-1, -1, -1}, .off = off, .src_off = src_off, .count = count,
     };
-    if (weft_sched_add(s, &st) < 0)
-        return weft_error(NULL, WEFT_ERR_NO_MEMORY, "hier: cannot grow a schedule past %zu steps",
-                          s->nsteps);
-    return WEFT_OK;
+    return weft_sched_push(s, "hier", &st, NULL);
 }
 
 static weft_status_t build_gather(struct weft_schedule *s, const int *ranks, int n, int me,
@@ -341,8 +329,8 @@ static weft_status_t build_gather(struct weft_schedule *s, const int *ranks, int
 /* Builds the flat schedule `how` of coll for the group ranks[0..n) (root: a
  * sub-rank) over count elements and splices it in with its buffers at at.
  * Ranks outside the group add nothing. */
-static weft_status_t hier_phase(struct hier *h, int how, int coll, const int *ranks, int n,
-                                int root, size_t count, const struct hier_place at_in[3],
+static weft_status_t hier_phase(struct hier *h, int how, enum weft_coll coll, const int *ranks,
+                                int n, int root, size_t count, const struct hier_place at_in[3],
                                 int flags)
 {
     int me = -1;
@@ -354,26 +342,25 @@ static weft_status_t hier_phase(struct hier *h, int how, int coll, const int *ra
                 me = i;
     if (me < 0 || count == 0)
         return WEFT_OK;
-    struct weft_coll_desc sd = {
-        .coll = coll, .rank = me, .nranks = n, .root = root, .count = count,
-        .chunk = h->d->chunk, .algo = WEFT_ALGO_RING, .variant = WEFT_VAR_DEFAULT,
+    /* The flat families' sub-schedules come through the registry like
+     * any other; its checks cost nothing next to the build. */
+    static const struct {
+        enum weft_algo algo;
+        int variant;
+    } flat[] = {
+        [SUB_RING] = {WEFT_ALGO_RING, WEFT_VAR_DEFAULT},
+        [SUB_RD] = {WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING},
+        [SUB_TREE] = {WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL},
     };
-    switch (how) {
-    case SUB_RING: WEFT_CHECK(weft_ring_build(&sd, &h->sub)); break;
-    case SUB_RD:
-        sd.algo = WEFT_ALGO_RHD;
-        sd.variant = WEFT_VAR_RHD_DOUBLING;
-        WEFT_CHECK(weft_rd_build(&sd, &h->sub));
-        break;
-    case SUB_TREE:
-        sd.algo = WEFT_ALGO_TREE;
-        sd.variant = WEFT_VAR_TREE_BINOMIAL;
-        WEFT_CHECK(weft_tree_build(&sd, &h->sub));
-        break;
-    default:
+    if (how < (int)WEFT_ARRAY_SIZE(flat)) {
+        struct weft_coll_desc sd = {
+            .coll = coll, .rank = me, .nranks = n, .root = root, .count = count,
+            .chunk = h->d->chunk, .algo = flat[how].algo, .variant = flat[how].variant,
+        };
+        WEFT_CHECK(weft_sched_build(&sd, &h->sub));
+    } else {
         WEFT_CHECK(build_gather(&h->sub, ranks, n, me, count, h->d->chunk, how != SUB_GATHER,
                                 how != SUB_SCATTER_NO_OWN));
-        break;
     }
     struct hier_place at[3] = {at_in[0], at_in[1], at_in[2]};
     if (at[WEFT_BUF_SCRATCH].buf == HIER_ALLOC)
@@ -480,6 +467,14 @@ static bool next_run(const struct hier *h, int *b0, int *b1, int *j, bool split_
     return true;
 }
 
+/* The collective as the flat ring over all ranks. */
+static weft_status_t build_flat(struct hier *h)
+{
+    struct hier_place flat[3] = {PLACE(WEFT_BUF_SEND, 0), PLACE(WEFT_BUF_RECV, 0), ALLOC};
+    return hier_phase(h, SUB_RING, h->d->coll, h->members, h->p, 0, h->d->count, flat,
+                      HIER_KEEP_FINAL);
+}
+
 /* ---- reduce_scatter -------------------------------------------------------------------
  * One node, or (ring) one rank per node: the flat ring.  Otherwise: a chain
  * reduce of the whole input to the node leader (scratch P, rank order);
@@ -492,11 +487,8 @@ static weft_status_t build_reduce_scatter(struct hier *h)
 {
     size_t R = h->d->count, all = R * (size_t)h->p;
     bool rhd = h->d->variant == WEFT_VAR_HIER_RHD;
-    if (h->nn == 1 || (h->nn == h->p && !rhd)) {
-        struct hier_place flat[3] = {PLACE(WEFT_BUF_SEND, 0), PLACE(WEFT_BUF_RECV, 0), ALLOC};
-        return hier_phase(h, SUB_RING, WEFT_COLL_REDUCE_SCATTER, h->members, h->p, 0, R, flat,
-                          HIER_KEEP_FINAL);
-    }
+    if (h->nn == 1 || (h->nn == h->p && !rhd))
+        return build_flat(h);
     int ln;
     const int *node = node_ranks(h, h->me, &ln);
     bool leader = h->li == 0;
@@ -546,11 +538,8 @@ static weft_status_t build_allgather(struct hier *h)
 {
     size_t S = h->d->count;
     bool rhd = h->d->variant == WEFT_VAR_HIER_RHD;
-    if (h->nn == 1 || (h->nn == h->p && !rhd)) {
-        struct hier_place flat[3] = {PLACE(WEFT_BUF_SEND, 0), PLACE(WEFT_BUF_RECV, 0), ALLOC};
-        return hier_phase(h, SUB_RING, WEFT_COLL_ALLGATHER, h->members, h->p, 0, S, flat,
-                          HIER_KEEP_FINAL);
-    }
+    if (h->nn == 1 || (h->nn == h->p && !rhd))
+        return build_flat(h);
     int ln;
     const int *node = node_ranks(h, h->me, &ln);
     struct hier_place ga[3] = {PLACE(WEFT_BUF_SEND, 0), PLACE(WEFT_BUF_RECV, 0), ALLOC};
@@ -623,42 +612,28 @@ static weft_status_t build_reduce(struct hier *h)
 
 /* ---- entry -------------------------------------------------------------------------- */
 
-static weft_status_t hier_check(const struct weft_coll_desc *d, const struct weft_schedule *s)
+/* What hier needs beyond weft_sched_build's checks: room for its address
+ * space (buffers plus up to two scratch copies of the whole vector) and a
+ * usable node map. */
+static weft_status_t hier_check(const struct weft_coll_desc *d)
 {
-    if (!d || !s)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "hier: %s is NULL",
-                          !d ? "the collective description" : "the schedule");
-    if (d->coll < 0 || d->coll > WEFT_COLL_REDUCE)
-        return weft_error(NULL, WEFT_ERR_UNSUPPORTED, "hier: no %s", weft_coll_name(d->coll));
     const char *name = weft_coll_name(d->coll);
-    if (d->nranks < 1 || d->rank < 0 || d->rank >= d->nranks)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "hier %s: rank %d of %d", name, d->rank,
-                          d->nranks);
-    if ((d->coll == WEFT_COLL_BROADCAST || d->coll == WEFT_COLL_REDUCE) &&
-        (d->root < 0 || d->root >= d->nranks))
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "hier %s: root %d is outside [0, %d)", name,
-                          d->root, d->nranks);
-    if (d->chunk < 1)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "hier %s: chunk is 0 elements", name);
-    if (d->variant != WEFT_VAR_HIER_RING && d->variant != WEFT_VAR_HIER_RHD)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "hier %s: unknown variant %d", name,
-                          d->variant);
     if ((d->coll == WEFT_COLL_REDUCE_SCATTER || d->coll == WEFT_COLL_ALLGATHER) &&
         d->count > SIZE_MAX / 4 / (size_t)d->nranks)
         return weft_error(NULL, WEFT_ERR_INVALID_ARG,
                           "hier %s: count %zu times %d ranks overflows size_t", name, d->count,
                           d->nranks);
-    if (d->node) {
-        if (d->nnodes <= 0)
+    if (!d->node)
+        return WEFT_OK;
+    if (d->nnodes <= 0)
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG,
+                          "hier %s: a node map with nnodes %d (must be at least 1)", name,
+                          d->nnodes);
+    for (int r = 0; r < d->nranks; r++)
+        if (d->node[r] < 0 || d->node[r] >= d->nnodes)
             return weft_error(NULL, WEFT_ERR_INVALID_ARG,
-                              "hier %s: a node map with nnodes %d (must be at least 1)", name,
+                              "hier %s: node[%d] = %d is outside [0, %d)", name, r, d->node[r],
                               d->nnodes);
-        for (int r = 0; r < d->nranks; r++)
-            if (d->node[r] < 0 || d->node[r] >= d->nnodes)
-                return weft_error(NULL, WEFT_ERR_INVALID_ARG,
-                                  "hier %s: node[%d] = %d is outside [0, %d)", name, r, d->node[r],
-                                  d->nnodes);
-    }
     return WEFT_OK;
 }
 
@@ -701,15 +676,9 @@ static weft_status_t hier_nodes(struct hier *h)
     return WEFT_OK;
 }
 
-weft_status_t weft_hier_build(const struct weft_coll_desc *d, struct weft_schedule *s)
+static weft_status_t hier_build(const struct weft_coll_desc *d, struct weft_schedule *s)
 {
-    /* The schedule is rebuilt from empty (its storage reused), and stays
-     * empty when the description is refused. */
-    if (s) {
-        s->nsteps = 0;
-        s->scratch_count = 0;
-    }
-    WEFT_CHECK(hier_check(d, s));
+    WEFT_CHECK(hier_check(d));
     struct hier h = {.d = d, .s = s, .rank = d->rank, .p = d->nranks, .join_buf = -1};
     weft_sched_init(&h.sub);
     weft_status_t st = hier_nodes(&h);
@@ -736,7 +705,7 @@ weft_status_t weft_hier_build(const struct weft_coll_desc *d, struct weft_schedu
     case WEFT_COLL_REDUCE_SCATTER: st = build_reduce_scatter(&h); break;
     case WEFT_COLL_ALLGATHER: st = build_allgather(&h); break;
     case WEFT_COLL_BROADCAST: st = build_broadcast(&h); break;
-    default: st = build_reduce(&h); break; /* hier_check let nothing else through */
+    default: st = build_reduce(&h); break; /* the registry let only reduce on */
     }
 out:
     free(h.nodeof);
@@ -748,9 +717,12 @@ out:
     free(h.idx);
     free(h.dl);
     weft_sched_free(&h.sub);
-    if (st != WEFT_OK) {
-        s->nsteps = 0;
-        s->scratch_count = 0;
-    }
     return st;
 }
+
+const struct weft_algo_desc weft_algo_hier = {
+    .name = "hier",
+    .variants = {[WEFT_VAR_HIER_RING] = "ring", [WEFT_VAR_HIER_RHD] = "rhd"},
+    .serves = {[WEFT_VAR_HIER_RING] = WEFT_SERVES_ALL, [WEFT_VAR_HIER_RHD] = WEFT_SERVES_ALL},
+    .build = hier_build,
+};

@@ -14,7 +14,7 @@
  */
 #include <stdlib.h>
 
-#include "algorithms/schedule.h"
+#include "algorithms/registry.h"
 
 struct rd {
     struct weft_schedule *s;
@@ -30,13 +30,7 @@ static weft_status_t add(struct rd *g, int kind, int flags, int buf, int src_buf
         .src_buf = (uint8_t)src_buf, .peer = peer, .deps = {dep0, dep1, -1},
         .off = off, .src_off = off, .count = count,
     };
-    int32_t i = weft_sched_add(g->s, &st);
-    if (i < 0)
-        return weft_error(NULL, WEFT_ERR_NO_MEMORY, "rd: cannot grow a schedule past %zu steps",
-                          g->s->nsteps);
-    if (idx)
-        *idx = i;
-    return WEFT_OK;
+    return weft_sched_push(g->s, "rd", &st, idx);
 }
 
 /* One exchange with peer: send what we hold, receive theirs and combine. */
@@ -67,16 +61,6 @@ static weft_status_t exchange_fold_in(struct rd *g, int peer)
 
 weft_status_t weft_rd_build(const struct weft_coll_desc *d, struct weft_schedule *s)
 {
-    if (d == NULL || s == NULL)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "rd: NULL %s", d ? "schedule" : "desc");
-    s->nsteps = 0;
-    s->scratch_count = 0;
-    if (d->coll != WEFT_COLL_ALLREDUCE)
-        return weft_error(NULL, WEFT_ERR_UNSUPPORTED, "rd: only allreduce, not %s",
-                          weft_coll_name(d->coll));
-    if (d->nranks < 1 || d->rank < 0 || d->rank >= d->nranks || d->chunk == 0)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "rd: bad desc (rank %d of %d, chunk %zu)",
-                          d->rank, d->nranks, d->chunk);
     struct rd g = {.s = s, .n = d->count, .chunk = d->chunk};
     size_t nchunks = d->count / d->chunk + (d->count % d->chunk != 0);
     int r = d->rank, p = d->nranks;
@@ -129,7 +113,5 @@ weft_status_t weft_rd_build(const struct weft_coll_desc *d, struct weft_schedule
                      WEFT_MIN(g.chunk, g.n - off), g.last[c], -1, NULL);
 out:
     free(g.last);
-    if (st != WEFT_OK)
-        s->nsteps = 0;
     return st;
 }

@@ -30,12 +30,12 @@
  */
 #include <stdlib.h>
 
-#include "algorithms/schedule.h"
+#include "algorithms/registry.h"
 
-/* One build; lives for one weft_rhd_build call. */
+/* One build; lives for one rhd_build call. */
 struct rhd {
     struct weft_schedule *s;
-    int coll;
+    enum weft_coll coll;
     int p, pof2, rem, levels; /* levels = log2(pof2) */
     int root;                 /* 0 where the collective has none */
     bool keep_odd;            /* which rank of a folded pair takes part */
@@ -69,13 +69,7 @@ static weft_status_t add(struct rhd *g, int kind, int flags, int buf, size_t off
         if (!seen)
             st.deps[n++] = in[k];
     }
-    int32_t i = weft_sched_add(g->s, &st);
-    if (i < 0)
-        return weft_error(NULL, WEFT_ERR_NO_MEMORY, "rhd: cannot grow a schedule past %zu steps",
-                          g->s->nsteps);
-    if (idx)
-        *idx = i;
-    return WEFT_OK;
+    return weft_sched_push(g->s, "rhd", &st, idx);
 }
 
 static weft_status_t send(struct rhd *g, int buf, size_t off, int peer, size_t count, int32_t d0,
@@ -468,41 +462,8 @@ static weft_status_t build_reduce(struct rhd *g, int r)
     return gather(g, v, acc);
 }
 
-static weft_status_t rhd_check(const struct weft_coll_desc *d)
+static weft_status_t rhd_build(const struct weft_coll_desc *d, struct weft_schedule *s)
 {
-    const char *name = weft_coll_name(d->coll);
-    if (d->coll < 0 || d->coll >= WEFT_COLL_COUNT)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "rhd: unknown collective %d", d->coll);
-    if (d->variant < 0 || d->variant >= WEFT_VAR_COUNT)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "rhd %s: unknown variant %d", name,
-                          d->variant);
-    if (d->variant == WEFT_VAR_RHD_DOUBLING && d->coll != WEFT_COLL_ALLREDUCE)
-        return weft_error(NULL, WEFT_ERR_UNSUPPORTED,
-                          "rhd: the doubling variant builds only allreduce, not %s", name);
-    if (d->coll == WEFT_COLL_SEND || d->coll == WEFT_COLL_RECV)
-        return weft_error(NULL, WEFT_ERR_UNSUPPORTED, "rhd: %s is point to point", name);
-    if (d->nranks < 1 || d->rank < 0 || d->rank >= d->nranks || d->chunk == 0)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "rhd %s: bad desc (rank %d of %d, chunk %zu)",
-                          name, d->rank, d->nranks, d->chunk);
-    if ((d->coll == WEFT_COLL_BROADCAST || d->coll == WEFT_COLL_REDUCE) &&
-        (d->root < 0 || d->root >= d->nranks))
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "rhd %s: root %d is outside [0, %d)", name,
-                          d->root, d->nranks);
-    if ((d->coll == WEFT_COLL_REDUCE_SCATTER || d->coll == WEFT_COLL_ALLGATHER) &&
-        d->count > SIZE_MAX / (size_t)d->nranks)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG,
-                          "rhd %s: count %zu times %d ranks overflows size_t", name, d->count,
-                          d->nranks);
-    return WEFT_OK;
-}
-
-weft_status_t weft_rhd_build(const struct weft_coll_desc *d, struct weft_schedule *s)
-{
-    if (d == NULL || s == NULL)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "rhd: NULL %s", d ? "schedule" : "desc");
-    s->nsteps = 0;
-    s->scratch_count = 0;
-    WEFT_CHECK(rhd_check(d));
     if (d->variant == WEFT_VAR_RHD_DOUBLING)
         return weft_rd_build(d, s);
     struct rhd g = {.s = s, .coll = d->coll, .p = d->nranks, .pof2 = 1, .count = d->count,
@@ -523,7 +484,7 @@ weft_status_t weft_rhd_build(const struct weft_coll_desc *d, struct weft_schedul
     }
     size_t space = d->count;
     if (d->coll == WEFT_COLL_REDUCE_SCATTER || d->coll == WEFT_COLL_ALLGATHER)
-        space *= (size_t)g.p; /* rhd_check ruled out the overflow */
+        space *= (size_t)g.p; /* weft_sched_build ruled out the overflow */
     g.nch = space / g.chunk + (space % g.chunk != 0);
     size_t per = 6 + (size_t)g.levels;
     int32_t *marks = NULL;
@@ -544,12 +505,17 @@ weft_status_t weft_rhd_build(const struct weft_coll_desc *d, struct weft_schedul
     case WEFT_COLL_REDUCE_SCATTER: st = build_reduce_scatter(&g, d->rank); break;
     case WEFT_COLL_ALLGATHER: st = build_allgather(&g, d->rank); break;
     case WEFT_COLL_BROADCAST: st = build_broadcast(&g, d->rank); break;
-    default: st = build_reduce(&g, d->rank); break; /* rhd_check let nothing else through */
+    default: st = build_reduce(&g, d->rank); break; /* the registry let only reduce on */
     }
     free(marks);
-    if (st != WEFT_OK) {
-        s->nsteps = 0;
-        s->scratch_count = 0;
-    }
     return st;
 }
+
+const struct weft_algo_desc weft_algo_rhd = {
+    .name = "rhd",
+    .variants = {[WEFT_VAR_RHD_RABENSEIFNER] = "rabenseifner",
+                 [WEFT_VAR_RHD_DOUBLING] = "doubling"},
+    .serves = {[WEFT_VAR_RHD_RABENSEIFNER] = WEFT_SERVES_ALL,
+               [WEFT_VAR_RHD_DOUBLING] = WEFT_SERVES(ALLREDUCE)},
+    .build = rhd_build,
+};

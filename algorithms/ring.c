@@ -20,11 +20,11 @@
  * chains in rank order instead (see "ordered" below), which fix the order
  * every element is combined in.
  */
-#include "algorithms/schedule.h"
+#include "algorithms/registry.h"
 
 #include <stdlib.h>
 
-/* What one build works with; lives for one weft_ring_build call. */
+/* What one build works with; lives for one ring_build call. */
 struct ring {
     struct weft_schedule *s;
     int rank, p;
@@ -217,7 +217,7 @@ static weft_status_t build_reduce_scatter(struct ring *g, size_t r)
     struct chunk_marks m;
     WEFT_CHECK(marks_alloc(&m, nch));
     weft_status_t st = WEFT_OK;
-    g->s->scratch_count = r * (size_t)g->p; /* the caller checked the product */
+    g->s->scratch_count = r * (size_t)g->p; /* weft_sched_build checked the product */
 
     for (size_t k = 0; k < rounds; k++) {
         size_t sb = (size_t)ring_mod(g, (long long)g->rank - (long long)k - 1);
@@ -438,7 +438,7 @@ static weft_status_t build_ordered_reduce_scatter(struct ring *g, size_t rc)
     bool middle = r > 0 && r < last;
     size_t nch = chunks_of(g, rc);
     if (middle)
-        g->s->scratch_count = rc * (size_t)g->p; /* the caller checked the product */
+        g->s->scratch_count = rc * (size_t)g->p; /* weft_sched_build checked the product */
     else if (r == last)
         g->s->scratch_count = rc * (size_t)last; /* blocks 0..p-2 */
     for (int b = 0; b < g->p; b++) {
@@ -463,44 +463,8 @@ static weft_status_t build_ordered_reduce_scatter(struct ring *g, size_t rc)
     return WEFT_OK;
 }
 
-static weft_status_t ring_check(const struct weft_coll_desc *d, const struct weft_schedule *s)
+static weft_status_t ring_build(const struct weft_coll_desc *d, struct weft_schedule *s)
 {
-    if (!d || !s)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "ring: %s is NULL",
-                          !d ? "the collective description" : "the schedule");
-    const char *name = weft_coll_name(d->coll);
-    if (d->coll < 0 || d->coll >= WEFT_COLL_COUNT)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "ring: unknown collective %d", d->coll);
-    if (d->coll == WEFT_COLL_SEND || d->coll == WEFT_COLL_RECV)
-        return weft_error(NULL, WEFT_ERR_UNSUPPORTED,
-                          "ring: %s is point to point, not a ring collective", name);
-    if (d->nranks < 1)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "ring %s: nranks %d is below 1", name,
-                          d->nranks);
-    if (d->rank < 0 || d->rank >= d->nranks)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "ring %s: rank %d is outside [0, %d)", name,
-                          d->rank, d->nranks);
-    if ((d->coll == WEFT_COLL_BROADCAST || d->coll == WEFT_COLL_REDUCE) &&
-        (d->root < 0 || d->root >= d->nranks))
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "ring %s: root %d is outside [0, %d)", name,
-                          d->root, d->nranks);
-    if (d->chunk < 1)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "ring %s: chunk is 0 elements", name);
-    if ((d->coll == WEFT_COLL_REDUCE_SCATTER || d->coll == WEFT_COLL_ALLGATHER) &&
-        d->count > SIZE_MAX / (size_t)d->nranks)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG,
-                          "ring %s: count %zu times %d ranks overflows size_t", name, d->count,
-                          d->nranks);
-    return WEFT_OK;
-}
-
-weft_status_t weft_ring_build(const struct weft_coll_desc *d, struct weft_schedule *s)
-{
-    WEFT_CHECK(ring_check(d, s));
-    /* The schedule is rebuilt from empty; its storage is reused. */
-    s->nsteps = 0;
-    s->scratch_count = 0;
-
     struct ring g = {
         .s = s,
         .rank = d->rank,
@@ -511,29 +475,24 @@ weft_status_t weft_ring_build(const struct weft_coll_desc *d, struct weft_schedu
     g.right = ring_mod(&g, (long long)d->rank + 1);
 
     /* Allgather and broadcast combine nothing: ordered changes nothing. */
-    weft_status_t st;
     switch (d->coll) {
     case WEFT_COLL_ALLREDUCE:
-        st = d->ordered ? build_ordered_allreduce(&g, d->count) : build_allreduce(&g, d->count);
-        break;
+        return d->ordered ? build_ordered_allreduce(&g, d->count) : build_allreduce(&g, d->count);
     case WEFT_COLL_REDUCE_SCATTER:
-        st = d->ordered ? build_ordered_reduce_scatter(&g, d->count)
-                        : build_reduce_scatter(&g, d->count);
-        break;
+        return d->ordered ? build_ordered_reduce_scatter(&g, d->count)
+                          : build_reduce_scatter(&g, d->count);
     case WEFT_COLL_ALLGATHER:
-        st = build_allgather(&g, d->count);
-        break;
+        return build_allgather(&g, d->count);
     case WEFT_COLL_BROADCAST:
-        st = build_broadcast(&g, d->count, d->root);
-        break;
-    default: /* WEFT_COLL_REDUCE; ring_check let nothing else through */
-        st = d->ordered ? build_ordered_reduce(&g, d->count, d->root)
-                        : build_reduce(&g, d->count, d->root);
-        break;
+        return build_broadcast(&g, d->count, d->root);
+    default: /* WEFT_COLL_REDUCE: the registry lets nothing else through */
+        return d->ordered ? build_ordered_reduce(&g, d->count, d->root)
+                          : build_reduce(&g, d->count, d->root);
     }
-    if (st < 0) {
-        s->nsteps = 0;
-        s->scratch_count = 0;
-    }
-    return st;
 }
+
+const struct weft_algo_desc weft_algo_ring = {
+    .name = "ring",
+    .serves = {WEFT_SERVES_ALL},
+    .build = ring_build,
+};

@@ -6,7 +6,7 @@
  */
 #include <stdlib.h>
 
-#include "algorithms/schedule.h"
+#include "algorithms/registry.h"
 
 /* Appends one step; *idx (when not NULL) gets its index. */
 static weft_status_t emit(struct weft_schedule *s, int kind, int flags, int buf, int src_buf,
@@ -316,39 +316,20 @@ out:
     return st;
 }
 
-static weft_status_t tree_check(const struct weft_coll_desc *d, const struct weft_schedule *s)
+static weft_status_t tree_build(const struct weft_coll_desc *d, struct weft_schedule *s)
 {
-    if (d == NULL || s == NULL)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "tree: NULL argument");
-    if (!weft_algo_serves(WEFT_ALGO_TREE, d->variant, d->coll))
-        return weft_error(NULL, WEFT_ERR_UNSUPPORTED, "tree (variant %d): no %s", d->variant,
-                          weft_coll_name(d->coll));
-    if (d->nranks < 1 || d->rank < 0 || d->rank >= d->nranks)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "tree: rank %d of %d", d->rank,
-                          d->nranks);
-    if (d->coll != WEFT_COLL_ALLREDUCE && (d->root < 0 || d->root >= d->nranks))
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "tree %s: root %d is outside [0, %d)",
-                          weft_coll_name(d->coll), d->root, d->nranks);
-    if (d->chunk < 1)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "tree: chunk is 0 elements");
-    return WEFT_OK;
+    if (d->variant == WEFT_VAR_TREE_DOUBLE)
+        return dbt_build(d, s);
+    if (d->coll == WEFT_COLL_BROADCAST)
+        return binomial_broadcast(d, s);
+    return binomial_reduce(d, s);
 }
 
-weft_status_t weft_tree_build(const struct weft_coll_desc *d, struct weft_schedule *s)
-{
-    WEFT_CHECK(tree_check(d, s));
-    s->nsteps = 0;
-    s->scratch_count = 0;
-    weft_status_t st;
-    if (d->variant == WEFT_VAR_TREE_DOUBLE)
-        st = dbt_build(d, s);
-    else if (d->coll == WEFT_COLL_BROADCAST)
-        st = binomial_broadcast(d, s);
-    else
-        st = binomial_reduce(d, s);
-    if (st != WEFT_OK) {
-        s->nsteps = 0;
-        s->scratch_count = 0;
-    }
-    return st;
-}
+const struct weft_algo_desc weft_algo_tree = {
+    .name = "tree",
+    .variants = {[WEFT_VAR_TREE_DOUBLE] = "double", [WEFT_VAR_TREE_BINOMIAL] = "binomial"},
+    .serves = {[WEFT_VAR_TREE_DOUBLE] =
+                   WEFT_SERVES(ALLREDUCE) | WEFT_SERVES(BROADCAST) | WEFT_SERVES(REDUCE),
+               [WEFT_VAR_TREE_BINOMIAL] = WEFT_SERVES(BROADCAST) | WEFT_SERVES(REDUCE)},
+    .build = tree_build,
+};

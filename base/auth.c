@@ -1,5 +1,5 @@
 /*
- * auth.c - the handshake of src/auth.h: message encoding and the acceptor
+ * auth.c - the handshake of base/auth.h: message encoding and the acceptor
  * and connector state machines.  Nothing here logs or records errors; the
  * reason for a failure goes back through *why and the caller decides.
  */

@@ -359,7 +359,7 @@ static void perf_outputs(perf_ctx_t *ctx, const perf_layout_t *l, int root, int6
 }
 
 /* -w N: N calls.  By default, enough for the automatic choice's trials on
- * the first calls of a size (src/tune.c): up to 6 x (1 + 3 x 80) + 1
+ * the first calls of a size (src/plan.c): up to 6 x (1 + 3 x 80) + 1
  * calls, which take about 54 ms by the model's clock, and 6 x (1 + 8) + 1
  * where one call takes more than 0.4 ms.  So batches of PERF_WARM_BATCH
  * until PERF_WARM_MAX calls have run, or PERF_WARM_MS have passed on the

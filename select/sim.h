@@ -11,7 +11,7 @@
 
 #include "algorithms/schedule.h"
 
-struct weft_link_table; /* src/topo.h */
+struct weft_link_table; /* select/topo.h */
 
 /* The cost model.  Borrowed by weft_sim_predict for the call only.
  * Invariant: every cost the model gives is finite and >= 0. */

@@ -29,12 +29,6 @@ int weft_tune_coll_from_name(const char *name, size_t len)
     return -1;
 }
 
-static const char *const var_names[WEFT_ALGO_COUNT][WEFT_VAR_COUNT] = {
-    [WEFT_ALGO_RHD] = {"rabenseifner", "doubling"},
-    [WEFT_ALGO_TREE] = {"double", "binomial"},
-    [WEFT_ALGO_HIER] = {"ring", "rhd"},
-};
-
 /* "rhd" -> both of rhd's plan bits, "rhd/doubling" -> one; 0 unknown. */
 static unsigned plan_bits(const char *tok, size_t n)
 {
@@ -45,13 +39,8 @@ static unsigned plan_bits(const char *tok, size_t n)
         return 0;
     if (!slash)
         return WEFT_PLAN_FAMILY(a);
-    const char *v = slash + 1;
-    size_t vl = n - fl - 1;
-    for (int i = 0; i < WEFT_VAR_COUNT; i++)
-        if (var_names[a][i] && strncasecmp(v, var_names[a][i], vl) == 0 &&
-            var_names[a][i][vl] == '\0')
-            return WEFT_PLAN_BIT(a, i);
-    return 0;
+    int v = weft_algo_variant_from_name(a, slash + 1, n - fl - 1);
+    return v < 0 ? 0 : WEFT_PLAN_BIT(a, v);
 }
 
 /* One list ("ring,tree", "^tree") -> mask; false with the bad name. */
@@ -121,10 +110,7 @@ weft_status_t weft_tune_parse_algo(const char *spec, unsigned masks[WEFT_COLL_CO
 
 const char *weft_plan_name(struct weft_plan pl, char *buf, size_t len)
 {
-    const char *v = pl.algo >= 0 && pl.algo < WEFT_ALGO_COUNT && pl.variant >= 0 &&
-                            pl.variant < WEFT_VAR_COUNT
-                        ? var_names[pl.algo][pl.variant]
-                        : NULL;
+    const char *v = weft_algo_variant_name(pl.algo, pl.variant);
     snprintf(buf, len, "%s%s%s", weft_algo_name(pl.algo), v ? "/" : "", v ? v : "");
     return buf;
 }

@@ -1,7 +1,7 @@
 /*
  * tune.h - which algorithm runs a call: every algorithm WEFT_ALGO allows
  * and that builds the collective is run through the schedule simulator
- * (algorithms/sim.h) on the communicator's link table, and the fastest
+ * (select/sim.h) on the communicator's link table, and the fastest
  * prediction wins.  Plans are cached per (collective, size class, element
  * size), so the simulation runs once per class, not once per call.
  */

@@ -55,13 +55,11 @@ static weft_status_t check_args(const char *fn, struct weft_comm *comm, struct w
     if (esize == 0)
         return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG, "%s: invalid datatype %d", fn,
                                 (int)a->dtype);
-    bool reduces = a->coll == WEFT_COLL_ALLREDUCE || a->coll == WEFT_COLL_REDUCE_SCATTER ||
-                   a->coll == WEFT_COLL_REDUCE;
-    if (reduces && ((unsigned)a->op >= WEFT_NUM_OPS))
+    if (weft_coll_reduces(a->coll) && ((unsigned)a->op >= WEFT_NUM_OPS))
         return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG, "%s: invalid reduction op %d", fn,
                                 (int)a->op);
     int p = comm->nranks;
-    bool rooted = a->coll == WEFT_COLL_BROADCAST || a->coll == WEFT_COLL_REDUCE;
+    bool rooted = weft_coll_rooted(a->coll);
     bool p2p = a->coll == WEFT_COLL_SEND || a->coll == WEFT_COLL_RECV;
     if ((rooted || p2p) && (a->root < 0 || a->root >= p))
         return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG, "%s: %s %d out of range (0..%d)", fn,

@@ -1,6 +1,6 @@
 /*
  * bootstrap.c - the unique id and the rendezvous.  Rank 0 listens at the
- * id's address, authenticates every connection (src/auth.h), collects one
+ * id's address, authenticates every connection (base/auth.h), collects one
  * info record per rank and sends back the table.  The star of connections
  * stays open for out-of-band allgather and barrier.  Strangers, silent
  * connections and bad handshakes are dropped and logged; the job goes on.

@@ -26,17 +26,6 @@ const char *weft_op_name(weft_op_t op)
     return (unsigned)op < WEFT_ARRAY_SIZE(names) ? names[op] : "?";
 }
 
-static bool coll_reduces(int coll)
-{
-    return coll == WEFT_COLL_ALLREDUCE || coll == WEFT_COLL_REDUCE_SCATTER ||
-           coll == WEFT_COLL_REDUCE;
-}
-
-static bool coll_rooted(int coll)
-{
-    return coll == WEFT_COLL_BROADCAST || coll == WEFT_COLL_REDUCE;
-}
-
 void weft_fp_fill(struct weft_fingerprint *fp, const struct weft_op_args *a, int algo,
                   size_t chunk_bytes)
 {
@@ -45,8 +34,8 @@ void weft_fp_fill(struct weft_fingerprint *fp, const struct weft_op_args *a, int
         .magic = WEFT_FP_MAGIC,
         .coll = a->coll,
         .dtype = (int32_t)a->dtype,
-        .op = coll_reduces(a->coll) ? (int32_t)a->op : 0,
-        .root = coll_rooted(a->coll) ? a->root : 0,
+        .op = weft_coll_reduces(a->coll) ? (int32_t)a->op : 0,
+        .root = weft_coll_rooted(a->coll) ? a->root : 0,
         .algo = algo,
         .count = a->count,
         .chunk = chunk_bytes,
@@ -89,9 +78,9 @@ static const char *describe(const struct weft_fingerprint *f, bool with_seq, cha
 {
     int o = snprintf(buf, len, "%s(count=%llu, %s", weft_coll_name(f->coll),
                      (unsigned long long)f->count, weft_dtype_name((weft_dtype_t)f->dtype));
-    if (coll_reduces(f->coll) && o >= 0 && (size_t)o < len)
+    if (weft_coll_reduces(f->coll) && o >= 0 && (size_t)o < len)
         o += snprintf(buf + o, len - (size_t)o, ", %s", weft_op_name((weft_op_t)f->op));
-    if (coll_rooted(f->coll) && o >= 0 && (size_t)o < len)
+    if (weft_coll_rooted(f->coll) && o >= 0 && (size_t)o < len)
         o += snprintf(buf + o, len - (size_t)o, ", root=%d", f->root);
     if (o >= 0 && (size_t)o < len)
         snprintf(buf + o, len - (size_t)o, with_seq ? ") as its collective #%llu" : ")",

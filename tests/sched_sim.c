@@ -205,19 +205,25 @@ static uint64_t *link_keys(const struct weft_schedule *s, bool want_send, size_t
     return k;
 }
 
-/* The first key of peer in sorted keys (n when none). */
-static size_t keys_find(const uint64_t *k, size_t n, int peer)
+/* The first index of sorted v[0..n) whose value is at least want (n when
+ * none). */
+static size_t lower_bound(const uint64_t *v, size_t n, uint64_t want)
 {
-    uint64_t want = (uint64_t)(uint32_t)peer << 32;
     size_t lo = 0, hi = n;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (k[mid] < want)
+        if (v[mid] < want)
             lo = mid + 1;
         else
             hi = mid;
     }
     return lo;
+}
+
+/* The first key of peer in sorted keys (n when none). */
+static size_t keys_find(const uint64_t *k, size_t n, int peer)
+{
+    return lower_bound(k, n, (uint64_t)(uint32_t)peer << 32);
 }
 
 static size_t keys_count(const uint64_t *k, size_t n, int peer)
@@ -652,32 +658,12 @@ static bool run_all(struct sim *sm)
     return report_deadlock(sm);
 }
 
-static int cmp_size(const void *a, const void *b)
-{
-    size_t x = *(const size_t *)a, y = *(const size_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* The atom (piece between two consecutive boundaries) that starts at addr. */
-static size_t atom_of(const size_t *bp, size_t nb, size_t addr)
-{
-    size_t lo = 0, hi = nb;
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (bp[mid] < addr)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 /* check_races' state for one rank; every array is per step or per atom. */
 struct races {
     const struct weft_step *steps;
     size_t *rd, *wr;      /* address read / written, valid where hr / hw */
     bool *hr, *hw;
-    size_t *bp;           /* sorted distinct boundaries of all accesses */
+    uint64_t *bp;         /* sorted distinct boundaries of all accesses */
     size_t nb;
     int32_t *writer;      /* per atom: the last step that wrote it, -1 */
     int32_t *readers;     /* per atom: head of its readers since that write in pool, -1 */
@@ -753,7 +739,7 @@ static bool check_races(struct sim *sm, int rank)
     rc.wr = malloc(n * sizeof(size_t));
     rc.hr = calloc(n, 1);
     rc.hw = calloc(n, 1);
-    rc.bp = malloc(4 * n * sizeof(size_t));
+    rc.bp = malloc(4 * n * sizeof(uint64_t));
     rc.seen = malloc(n * sizeof(int32_t));
     rc.vis = malloc(n * sizeof(int32_t));
     rc.want = malloc(n * sizeof(int32_t));
@@ -784,7 +770,7 @@ static bool check_races(struct sim *sm, int rank)
         if (rc.hw[i])
             rc.bp[rc.nb++] = rc.wr[i], rc.bp[rc.nb++] = rc.wr[i] + st->count;
     }
-    qsort(rc.bp, rc.nb, sizeof(size_t), cmp_size);
+    qsort(rc.bp, rc.nb, sizeof(uint64_t), cmp_u64);
     size_t nb = 0;
     for (size_t k = 0; k < rc.nb; k++)
         if (nb == 0 || rc.bp[nb - 1] != rc.bp[k])
@@ -798,8 +784,9 @@ static bool check_races(struct sim *sm, int rank)
     for (size_t jj = 0; jj < n && ok; jj++) {
         int32_t j = (int32_t)jj;
         size_t cnt = rc.steps[j].count;
-        size_t ra = rc.hr[j] ? atom_of(rc.bp, nb, rc.rd[j]) : 0;
-        size_t wa = rc.hw[j] ? atom_of(rc.bp, nb, rc.wr[j]) : 0;
+        /* The atoms (pieces between two boundaries) the accesses start at. */
+        size_t ra = rc.hr[j] ? lower_bound(rc.bp, nb, rc.rd[j]) : 0;
+        size_t wa = rc.hw[j] ? lower_bound(rc.bp, nb, rc.wr[j]) : 0;
         rc.npending = 0;
         for (size_t a = ra; rc.hr[j] && rc.bp[a] < rc.rd[j] + cnt; a++)
             consider(&rc, rc.writer[a], j);

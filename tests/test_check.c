@@ -47,25 +47,14 @@ struct call {
     int root;
 };
 
-static bool reduces(int coll)
-{
-    return coll == WEFT_COLL_ALLREDUCE || coll == WEFT_COLL_REDUCE_SCATTER ||
-           coll == WEFT_COLL_REDUCE;
-}
-
-static bool rooted(int coll)
-{
-    return coll == WEFT_COLL_BROADCAST || coll == WEFT_COLL_REDUCE;
-}
-
 /* How the message must spell a call: "reduce(count=64, float32, sum, root=1)". */
 static const char *spell(const struct call *c, char *buf, size_t len)
 {
     int o = snprintf(buf, len, "%s(count=%zu, %s", weft_coll_name(c->coll), c->count,
                      weft_test_dtype_name(c->dt));
-    if (reduces(c->coll))
+    if (weft_coll_reduces(c->coll))
         o += snprintf(buf + o, len - (size_t)o, ", %s", weft_test_op_name(c->op));
-    if (rooted(c->coll))
+    if (weft_coll_rooted(c->coll))
         o += snprintf(buf + o, len - (size_t)o, ", root=%d", c->root);
     snprintf(buf + o, len - (size_t)o, ")");
     return buf;
@@ -622,70 +611,82 @@ Test(check_verify, agreement_and_ignored_fields)
     fake_free(c);
 }
 
-Test(check_verify, names_first_differing_rank_and_both_calls)
+static void root_and_dtype_differ(struct weft_fingerprint *fp)
 {
-    setenv("WEFT_DEBUG", "NONE", 1);
-    struct weft_comm *c = fake_comm(2, 5);
-    struct weft_fingerprint fp[5];
-    struct call r = {WEFT_COLL_REDUCE, 1024, WEFT_BFLOAT16, WEFT_AVG, 4};
-    fill(fp, 5, &r);
     fp[3].root = 2;
     fp[4].dtype = WEFT_FLOAT16;
-    cr_assert_eq(weft_check_verify(c, fp), WEFT_ERR_MISMATCH);
-    cr_expect_str_eq(c->err.msg,
-                     "rank 2: collective mismatch at collective #41: rank 0 called "
-                     "reduce(count=1024, bfloat16, avg, root=4) but rank 3 called "
-                     "reduce(count=1024, bfloat16, avg, root=2) (2 of the 4 other ranks differ "
-                     "from rank 0)");
-    fake_free(c);
 }
 
-Test(check_verify, plan_and_sequence_and_garbage)
+static void rank_0_differs(struct weft_fingerprint *fp)
 {
-    setenv("WEFT_DEBUG", "NONE", 1);
-    struct weft_comm *c = fake_comm(0, 2);
-    struct weft_fingerprint fp[2];
-    struct call ar = {WEFT_COLL_ALLREDUCE, 8, WEFT_FLOAT32, WEFT_SUM, 0};
-    /* Same call, different plan: ranks were given different WEFT_ALGO. */
-    fill(fp, 2, &ar);
-    fp[1].algo = WEFT_ALGO_RHD;
-    cr_assert_eq(weft_check_verify(c, fp), WEFT_ERR_MISMATCH);
-    cr_expect(strstr(c->err.msg, "rank 0 runs it with ring and 524288-byte chunks but rank 1 "
-                                    "with rhd and 524288-byte chunks (WEFT_ALGO, "
-                                    "weft_comm_set_algo or WEFT_CHUNK_SIZE differ between "
-                                    "ranks)") != NULL,
-              "%s", c->err.msg);
-    /* Different sequence numbers: both are named. */
-    fill(fp, 2, &ar);
-    fp[1].seq = 40;
-    cr_assert_eq(weft_check_verify(c, fp), WEFT_ERR_MISMATCH);
-    cr_expect(strstr(c->err.msg, "rank 0 called allreduce(count=8, float32, sum) as its "
-                                    "collective #41 but rank 1 called allreduce(count=8, "
-                                    "float32, sum) as its collective #40") != NULL,
-              "%s", c->err.msg);
-    /* Bytes that are not a record: a send met the exchange. */
-    fill(fp, 2, &ar);
-    memset(&fp[1], 0x5a, sizeof(fp[1]));
-    cr_assert_eq(weft_check_verify(c, fp), WEFT_ERR_MISMATCH);
-    cr_expect(strstr(c->err.msg, "rank 1 sent something other than a fingerprint") != NULL,
-              "%s", c->err.msg);
-    fake_free(c);
-}
-
-Test(check_verify, rank_0_the_odd_one)
-{
-    setenv("WEFT_DEBUG", "NONE", 1);
-    struct weft_comm *c = fake_comm(3, 4);
-    struct weft_fingerprint fp[4];
-    struct call ag = {WEFT_COLL_ALLGATHER, 10, WEFT_UINT8, WEFT_SUM, 0};
-    fill(fp, 4, &ag);
     fp[0].count = 11;
-    cr_assert_eq(weft_check_verify(c, fp), WEFT_ERR_MISMATCH);
-    cr_expect_str_eq(c->err.msg,
-                     "rank 3: collective mismatch at collective #41: rank 0 called "
-                     "allgather(count=11, uint8) but rank 1 called allgather(count=10, uint8) "
-                     "(every other rank called what rank 1 did)");
-    fake_free(c);
+}
+
+static void other_plan(struct weft_fingerprint *fp)
+{
+    fp[1].algo = WEFT_ALGO_RHD;
+}
+
+static void other_sequence(struct weft_fingerprint *fp)
+{
+    fp[1].seq = 40;
+}
+
+static void garbage(struct weft_fingerprint *fp)
+{
+    memset(&fp[1], 0x5a, sizeof(fp[1]));
+}
+
+/* Rank me of n judges n records of call c that change() alters: a
+ * mismatch, whose message is want (or, unless exact, contains it). */
+Test(check_verify, mismatches_named)
+{
+    setenv("WEFT_DEBUG", "NONE", 1);
+    const struct call red = {WEFT_COLL_REDUCE, 1024, WEFT_BFLOAT16, WEFT_AVG, 4};
+    const struct call ag = {WEFT_COLL_ALLGATHER, 10, WEFT_UINT8, WEFT_SUM, 0};
+    const struct call ar = {WEFT_COLL_ALLREDUCE, 8, WEFT_FLOAT32, WEFT_SUM, 0};
+    const struct {
+        int me, n;
+        const struct call *c;
+        void (*change)(struct weft_fingerprint *fp);
+        bool exact;
+        const char *want;
+    } m[] = {
+        /* The first differing rank and both calls. */
+        {2, 5, &red, root_and_dtype_differ, true,
+         "rank 2: collective mismatch at collective #41: rank 0 called reduce(count=1024, "
+         "bfloat16, avg, root=4) but rank 3 called reduce(count=1024, bfloat16, avg, root=2) "
+         "(2 of the 4 other ranks differ from rank 0)"},
+        /* Rank 0 the odd one: compared with rank 1, which all the others match. */
+        {3, 4, &ag, rank_0_differs, true,
+         "rank 3: collective mismatch at collective #41: rank 0 called allgather(count=11, "
+         "uint8) but rank 1 called allgather(count=10, uint8) (every other rank called what "
+         "rank 1 did)"},
+        /* Same call, different plan: ranks were given different WEFT_ALGO. */
+        {0, 2, &ar, other_plan, false,
+         "rank 0 runs it with ring and 524288-byte chunks but rank 1 with rhd and 524288-byte "
+         "chunks (WEFT_ALGO, weft_comm_set_algo or WEFT_CHUNK_SIZE differ between ranks)"},
+        /* Different sequence numbers: both are named. */
+        {0, 2, &ar, other_sequence, false,
+         "rank 0 called allreduce(count=8, float32, sum) as its collective #41 but rank 1 "
+         "called allreduce(count=8, float32, sum) as its collective #40"},
+        /* Bytes that are not a record: a send met the exchange. */
+        {0, 2, &ar, garbage, false, "rank 1 sent something other than a fingerprint"},
+    };
+    for (size_t i = 0; i < WEFT_ARRAY_SIZE(m); i++) {
+        struct weft_comm *comm = fake_comm(m[i].me, m[i].n);
+        struct weft_fingerprint fp[8];
+        cr_assert(m[i].n <= 8);
+        fill(fp, m[i].n, m[i].c);
+        m[i].change(fp);
+        cr_assert_eq(weft_check_verify(comm, fp), WEFT_ERR_MISMATCH, "case %zu", i);
+        if (m[i].exact)
+            cr_expect_str_eq(comm->err.msg, m[i].want, "case %zu", i);
+        else
+            cr_expect(strstr(comm->err.msg, m[i].want) != NULL, "case %zu: %s", i,
+                      comm->err.msg);
+        fake_free(comm);
+    }
 }
 
 /* The exchange: one message each way per pair, nothing dependent, each

@@ -122,7 +122,7 @@ static void matrix_p(int p, bool ordered, struct mstats *ms)
     size_t chunks[] = { 1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20, 3 };
     size_t ncounts = p <= 16 ? 6 : 5;
     for (int coll = 0; coll <= WEFT_COLL_REDUCE; coll++) {
-        bool rooted = coll == WEFT_COLL_BROADCAST || coll == WEFT_COLL_REDUCE;
+        bool rooted = weft_coll_rooted(coll);
         int roots[8], nroots = 0;
         if (rooted && p <= 8) {
             for (int r = 0; r < p; r++)
@@ -134,13 +134,11 @@ static void matrix_p(int p, bool ordered, struct mstats *ms)
         } else {
             roots[nroots++] = 0;
         }
-        bool reduces = coll == WEFT_COLL_ALLREDUCE || coll == WEFT_COLL_REDUCE_SCATTER ||
-                       coll == WEFT_COLL_REDUCE;
         for (int algo = 0; algo < WEFT_ALGO_COUNT; algo++)
             for (int var = 0; var < WEFT_VAR_COUNT; var++) {
                 if (!weft_algo_serves(algo, var, coll))
                     continue;
-                if (ordered && (algo != WEFT_ALGO_RING || !reduces))
+                if (ordered && (algo != WEFT_ALGO_RING || !weft_coll_reduces(coll)))
                     continue;
                 int maps = algo == WEFT_ALGO_HIER ? nmaps : 1;
                 for (int m = 0; m < maps; m++)

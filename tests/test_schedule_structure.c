@@ -1,18 +1,19 @@
 /*
  * test_schedule_structure.c - the step structure each schedule builder
  * promises beyond correctness (part of test_schedule): the schedule
- * container and dispatcher, and the shapes of the ring, binomial tree, rd,
+ * container and the registry of families, and the shapes of the ring, binomial tree, rd,
  * rhd, double tree and direct schedules that the engine and the cost model
  * rely on.
  */
 #include <criterion/criterion.h>
+#include <ctype.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "sched_sim.h"
 #include "sched_test_util.h"
 
-/* ---- the schedule container, the dispatcher and collective facts -------------------- */
+/* ---- the schedule container, the registry and collective facts -------------------- */
 
 Test(schedule, add_grows_and_keeps_order)
 {
@@ -61,42 +62,72 @@ Test(schedule, coll_counts_and_names)
     cr_assert(weft_coll_recv_count(&big) == SIZE_MAX, "an overflowing size saturates");
 }
 
-/* weft_sched_build runs the algorithm the description names. */
-Test(schedule, build_dispatches_on_algo)
+/* The registry: every family's name reads back in any case, so do its
+ * variants' names, a named variant builds something, and names outside
+ * the registry are refused. */
+Test(schedule, registry_names)
 {
-    struct weft_schedule a, b;
-    weft_sched_init(&a);
-    weft_sched_init(&b);
-    const int plans[] = { PLAN(WEFT_ALGO_RING, 0), PLAN_RD, PLAN_BINOMIAL };
-    for (size_t i = 0; i < sizeof(plans) / sizeof(plans[0]); i++) {
-        int algo = PLAN_ALGO(plans[i]);
-        int coll = algo == WEFT_ALGO_TREE ? WEFT_COLL_BROADCAST : WEFT_COLL_ALLREDUCE;
-        struct weft_coll_desc d = { coll, 3, 6, 0, 100, 7, algo, PLAN_VAR(plans[i]), 0, NULL, 0 };
-        cr_assert(weft_sched_build(&d, &a) == WEFT_OK);
-        weft_status_t st = algo == WEFT_ALGO_RHD    ? weft_rd_build(&d, &b)
-                           : algo == WEFT_ALGO_TREE ? weft_tree_build(&d, &b)
-                                                    : weft_ring_build(&d, &b);
-        cr_assert(st == WEFT_OK);
-        cr_assert(same_steps(&a, &b), "%s", weft_algo_name(algo));
-        /* They really differ: rd exchanges whole chunks with 3 partners. */
-        if (algo == WEFT_ALGO_RHD)
-            cr_assert(a.nsteps != 0 && count_flag(&a, WEFT_STEP_RECV_FIRST) > 0);
+    for (int a = 0; a < WEFT_ALGO_COUNT; a++) {
+        const char *name = weft_algo_name(a);
+        cr_assert_str_neq(name, "unknown", "algorithm %d is not in the registry", a);
+        char up[32];
+        size_t n = strlen(name);
+        cr_assert(n > 1 && n < sizeof(up));
+        for (size_t i = 0; i <= n; i++)
+            up[i] = (char)toupper((unsigned char)name[i]);
+        cr_assert(weft_algo_from_name(name, n) == a && weft_algo_from_name(up, n) == a);
+        cr_assert(weft_algo_from_name(name, n - 1) != a, "a prefix of %s named it", name);
+        for (int v = 0; v < WEFT_VAR_COUNT; v++) {
+            bool builds = false;
+            for (int coll = 0; coll < WEFT_COLL_COUNT; coll++)
+                builds |= weft_algo_serves(a, v, coll);
+            cr_assert(builds || v > 0, "%s builds nothing", name);
+            const char *vn = weft_algo_variant_name(a, v);
+            if (vn)
+                cr_assert(builds && weft_algo_variant_from_name(a, vn, strlen(vn)) == v,
+                          "%s/%s", name, vn);
+        }
     }
-    int bad[] = { WEFT_ALGO_COUNT, -1, 77 };
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 4, 0, 4, 1, bad[i], 0, 0, NULL, 0 };
-        cr_assert(weft_sched_build(&d, &a) == WEFT_ERR_UNSUPPORTED);
-        cr_assert(strstr(weft_last_error(NULL), "builds no"), "'%s'",
-                  weft_last_error(NULL));
-    }
-    cr_assert_str_eq(weft_algo_name(WEFT_ALGO_RING), "ring");
-    cr_assert_str_eq(weft_algo_name(WEFT_ALGO_RHD), "rhd");
-    cr_assert_str_eq(weft_algo_name(WEFT_ALGO_DIRECT), "direct");
-    cr_assert_str_eq(weft_algo_name(WEFT_ALGO_HIER), "hier");
-    cr_assert_str_eq(weft_algo_name(WEFT_ALGO_TREE), "tree");
+    const char *names[WEFT_ALGO_COUNT] = { [WEFT_ALGO_RING] = "ring", [WEFT_ALGO_TREE] = "tree",
+                                           [WEFT_ALGO_RHD] = "rhd", [WEFT_ALGO_DIRECT] = "direct",
+                                           [WEFT_ALGO_HIER] = "hier" };
+    for (int a = 0; a < WEFT_ALGO_COUNT; a++)
+        cr_assert_str_eq(weft_algo_name(a), names[a]);
+    cr_assert_str_eq(weft_algo_variant_name(WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING), "doubling");
+    cr_assert_str_eq(weft_algo_variant_name(WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL), "binomial");
+    cr_assert(weft_algo_variant_from_name(WEFT_ALGO_HIER, "RHD", 3) == WEFT_VAR_HIER_RHD);
+    cr_assert(weft_algo_variant_name(WEFT_ALGO_RING, 0) == NULL);
+    cr_assert(weft_algo_variant_name(WEFT_ALGO_RHD, WEFT_VAR_COUNT) == NULL);
+    cr_assert(weft_algo_variant_name(WEFT_ALGO_COUNT, 0) == NULL);
+    cr_assert(weft_algo_variant_from_name(WEFT_ALGO_RHD, "halving", 7) == -1);
     cr_assert_str_eq(weft_algo_name(WEFT_ALGO_COUNT), "unknown");
-    weft_sched_free(&a);
-    weft_sched_free(&b);
+    cr_assert_str_eq(weft_algo_name(-1), "unknown");
+    cr_assert(weft_algo_from_name("rings", 5) == -1 && weft_algo_from_name("", 0) == -1);
+}
+
+/* What each plan builds: docs/design.md's table of the families. */
+Test(schedule, plans_serve_what_the_design_says)
+{
+    const unsigned ar = 1u << WEFT_COLL_ALLREDUCE;
+    const unsigned rooted = 1u << WEFT_COLL_BROADCAST | 1u << WEFT_COLL_REDUCE;
+    const unsigned all = (1u << (WEFT_COLL_REDUCE + 1)) - 1;
+    struct {
+        int plan;
+        unsigned colls;
+    } c[] = {
+        { PLAN(WEFT_ALGO_RING, 0), all },     { PLAN(WEFT_ALGO_RING, 1), 0 },
+        { PLAN_DBT, ar | rooted },            { PLAN_BINOMIAL, rooted },
+        { PLAN_RHD, all },                    { PLAN_RD, ar },
+        { PLAN_DIRECT, all },                 { PLAN(WEFT_ALGO_DIRECT, 1), 0 },
+        { PLAN(WEFT_ALGO_HIER, WEFT_VAR_HIER_RING), all },
+        { PLAN(WEFT_ALGO_HIER, WEFT_VAR_HIER_RHD), all },
+    };
+    for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++)
+        for (int coll = 0; coll < WEFT_COLL_COUNT; coll++)
+            cr_assert(weft_algo_serves(PLAN_ALGO(c[i].plan), PLAN_VAR(c[i].plan), coll) ==
+                          ((c[i].colls >> coll) & 1u),
+                      "%s/%d %s", weft_algo_name(PLAN_ALGO(c[i].plan)), PLAN_VAR(c[i].plan),
+                      weft_coll_name(coll));
 }
 
 /* ---- the ring -------------------------------------------------------------------- */
@@ -109,18 +140,18 @@ Test(ring, step_structure)
     /* p=1: one COPY, or nothing for count 0. */
     for (int coll = 0; coll <= WEFT_COLL_REDUCE; coll++) {
         struct weft_coll_desc d = { coll, 0, 1, 0, 5, 2, WEFT_ALGO_RING, 0, 0, NULL, 0 };
-        cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
+        cr_assert(weft_sched_build(&d, &s) == WEFT_OK);
         cr_assert(s.nsteps == 1 && s.steps[0].kind == WEFT_STEP_COPY && s.steps[0].count == 5 &&
                       s.scratch_count == 0,
                   "%s p=1: %zu steps", weft_coll_name(coll), s.nsteps);
         d.count = 0;
-        cr_assert(weft_ring_build(&d, &s) == WEFT_OK && s.nsteps == 0);
+        cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.nsteps == 0);
     }
     /* Allreduce p=4, N=8, chunk 1: 2 elements per block, 2 chunks per round,
      * 3 + 3 rounds of (send, receive) per chunk = 24 steps; FINAL only on
      * the last reduce-scatter round. */
     struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 1, 4, 0, 8, 1, WEFT_ALGO_RING, 0, 0, NULL, 0 };
-    cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK);
     cr_assert(s.nsteps == 24 && s.scratch_count == 0, "%zu steps", s.nsteps);
     int finals = 0;
     for (size_t i = 0; i < s.nsteps; i++) {
@@ -138,13 +169,13 @@ Test(ring, step_structure)
     cr_assert(finals == 2);
     /* Reduce_scatter asks for scratch; reduce only on middle ranks. */
     d = (struct weft_coll_desc){ WEFT_COLL_REDUCE_SCATTER, 0, 4, 0, 10, 4, WEFT_ALGO_RING, 0, 0, NULL, 0 };
-    cr_assert(weft_ring_build(&d, &s) == WEFT_OK && s.scratch_count == 40);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.scratch_count == 40);
     d = (struct weft_coll_desc){ WEFT_COLL_REDUCE, 2, 4, 0, 10, 4, WEFT_ALGO_RING, 0, 0, NULL, 0 };
-    cr_assert(weft_ring_build(&d, &s) == WEFT_OK && s.scratch_count == 10);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.scratch_count == 10);
     d.rank = 0; /* the root */
-    cr_assert(weft_ring_build(&d, &s) == WEFT_OK && s.scratch_count == 0);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.scratch_count == 0);
     d.rank = 1; /* first in the chain: sends its input only */
-    cr_assert(weft_ring_build(&d, &s) == WEFT_OK && s.scratch_count == 0 && s.nsteps == 3);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.scratch_count == 0 && s.nsteps == 3);
     weft_sched_free(&s);
 }
 
@@ -154,10 +185,10 @@ Test(ring, rebuild_reuses_schedule)
     struct weft_schedule s;
     weft_sched_init(&s);
     struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 8, 0, 1000, 1, WEFT_ALGO_RING, 0, 0, NULL, 0 };
-    cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK);
     size_t big = s.nsteps;
     d.count = 16;
-    cr_assert(weft_ring_build(&d, &s) == WEFT_OK);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK);
     cr_assert(s.nsteps < big && s.nsteps == 56, "%zu steps", s.nsteps);
     weft_sched_free(&s);
 }
@@ -165,8 +196,8 @@ Test(ring, rebuild_reuses_schedule)
 /* ---- the binomial tree broadcast ------------------------------------------------- */
 
 /* ceil(log2 p) hops: the root sends each chunk to that many children, and
- * no rank receives a chunk twice; other collectives are refused. */
-Test(tree, shape_and_refusals)
+ * no rank receives a chunk twice. */
+Test(tree, binomial_shape)
 {
     struct weft_schedule s;
     weft_sched_init(&s);
@@ -175,7 +206,7 @@ Test(tree, shape_and_refusals)
         while ((1 << L) < p)
             L++;
         struct weft_coll_desc d = { WEFT_COLL_BROADCAST, 3 % p, p, 3 % p, 10, 4, WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL, 0, NULL, 0 };
-        cr_assert(weft_tree_build(&d, &s) == WEFT_OK);
+        cr_assert(weft_sched_build(&d, &s) == WEFT_OK);
         size_t sends = 0, recvs = 0;
         for (size_t i = 0; i < s.nsteps; i++) {
             sends += s.steps[i].kind == WEFT_STEP_SEND;
@@ -184,20 +215,12 @@ Test(tree, shape_and_refusals)
         cr_assert(sends == (size_t)L * 3 && recvs == 0, "p=%d root: %zu sends, %zu receives", p,
                   sends, recvs);
     }
-    struct weft_coll_desc bad = { WEFT_COLL_ALLREDUCE, 0, 4, 0, 10, 4, WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL, 0, NULL, 0 };
-    cr_assert(weft_tree_build(&bad, &s) == WEFT_ERR_UNSUPPORTED);
-    bad = (struct weft_coll_desc){ WEFT_COLL_BROADCAST, 0, 4, 4, 10, 4, WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL, 0, NULL, 0 };
-    cr_assert(weft_tree_build(&bad, &s) == WEFT_ERR_INVALID_ARG);
-    cr_assert(strstr(weft_last_error(NULL), "root 4"), "%s", weft_last_error(NULL));
-    bad.root = 0;
-    bad.chunk = 0;
-    cr_assert(weft_tree_build(&bad, &s) == WEFT_ERR_INVALID_ARG);
     weft_sched_free(&s);
 }
 
 /* ---- recursive doubling ---------------------------------------------------------- */
 
-/* The shape the cost model in src/tune.c assumes: log2(p) whole-vector
+/* The shape the cost model in select/tune.c assumes: log2(p) whole-vector
  * exchanges, plus the fold in and out for a rank count that is not a
  * power of two. */
 Test(rd, step_structure)
@@ -205,14 +228,14 @@ Test(rd, step_structure)
     struct weft_schedule s;
     weft_sched_init(&s);
     struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 0, 1, 0, 5, 2, WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING, 0, NULL, 0 };
-    cr_assert(weft_rd_build(&d, &s) == WEFT_OK);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK);
     cr_assert(s.nsteps == 1 && s.steps[0].kind == WEFT_STEP_COPY && s.steps[0].count == 5);
     d.count = 0;
-    cr_assert(weft_rd_build(&d, &s) == WEFT_OK && s.nsteps == 0);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.nsteps == 0);
     /* p=4, rank 1, 8 elements in chunks of 3: round 0 with rank 0 (rank 1
      * is the upper half: RECV_FIRST), round 1 with rank 3 (lower: FINAL). */
     d = (struct weft_coll_desc){ WEFT_COLL_ALLREDUCE, 1, 4, 0, 8, 3, WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING, 0, NULL, 0 };
-    cr_assert(weft_rd_build(&d, &s) == WEFT_OK);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK);
     cr_assert(s.nsteps == 12 && s.scratch_count == 0, "%zu steps", s.nsteps);
     for (size_t i = 0; i < s.nsteps; i++) {
         const struct weft_step *st = &s.steps[i];
@@ -232,13 +255,13 @@ Test(rd, step_structure)
     }
     /* p=5 folds rank 0 into rank 1. */
     d = (struct weft_coll_desc){ WEFT_COLL_ALLREDUCE, 0, 5, 0, 8, 3, WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING, 0, NULL, 0 };
-    cr_assert(weft_rd_build(&d, &s) == WEFT_OK && s.nsteps == 6);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.nsteps == 6);
     for (size_t i = 0; i < 6; i++)
         cr_assert(s.steps[i].kind == (i < 3 ? WEFT_STEP_SEND : WEFT_STEP_RECV) &&
                       s.steps[i].peer == 1 && s.steps[i].flags == 0,
                   "folded rank, step %zu", i);
     d.rank = 1;
-    cr_assert(weft_rd_build(&d, &s) == WEFT_OK && s.nsteps == 18, "%zu steps", s.nsteps);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.nsteps == 18, "%zu steps", s.nsteps);
     cr_assert(count_flag(&s, WEFT_STEP_FINAL) == 3);
     for (size_t i = 0; i < 3; i++)
         cr_assert(s.steps[i].kind == WEFT_STEP_RECV_REDUCE && s.steps[i].peer == 0 &&
@@ -247,28 +270,12 @@ Test(rd, step_structure)
         cr_assert(s.steps[i].kind == WEFT_STEP_SEND && s.steps[i].peer == 0 &&
                   s.steps[i].buf == WEFT_BUF_RECV);
     d.rank = 4;
-    cr_assert(weft_rd_build(&d, &s) == WEFT_OK && s.nsteps == 12);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.nsteps == 12);
     cr_assert(count_flag(&s, WEFT_STEP_FINAL) == 3);
     weft_sched_free(&s);
 }
 
 /* ---- recursive halving/doubling -------------------------------------------------- */
-
-/* The rhd variant 1 is recursive doubling, the same schedule as rd.c's. */
-Test(rhd, doubling_variant_is_rd)
-{
-    struct weft_schedule a, b;
-    weft_sched_init(&a);
-    weft_sched_init(&b);
-    for (int rank = 0; rank < 6; rank++) {
-        struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, rank, 6, 0, 100, 7, WEFT_ALGO_RHD,
-                                    WEFT_VAR_RHD_DOUBLING, 0, NULL, 0 };
-        cr_assert(weft_rhd_build(&d, &a) == WEFT_OK && weft_rd_build(&d, &b) == WEFT_OK);
-        cr_assert(same_steps(&a, &b), "rank %d", rank);
-    }
-    weft_sched_free(&a);
-    weft_sched_free(&b);
-}
 
 static size_t sum_counts(const struct weft_schedule *s, int kind)
 {
@@ -287,7 +294,7 @@ Test(rhd, step_structure)
     weft_sched_init(&s);
     /* p=8, 64 elements in one chunk: sends of 32, 16, 8, then 8, 16, 32. */
     struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 3, 8, 0, 64, 1 << 20, WEFT_ALGO_RHD, 0, 0, NULL, 0 };
-    cr_assert(weft_rhd_build(&d, &s) == WEFT_OK);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK);
     cr_assert(s.nsteps == 12 && s.scratch_count == 0, "%zu steps", s.nsteps);
     size_t want[] = { 32, 16, 8, 8, 16, 32 };
     for (size_t i = 0; i < s.nsteps; i++) {
@@ -299,7 +306,7 @@ Test(rhd, step_structure)
     }
     /* Chunks of 3: each piece of a round waits for its chunk's piece only. */
     d.chunk = 3;
-    cr_assert(weft_rhd_build(&d, &s) == WEFT_OK);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK);
     for (size_t i = 0; i < s.nsteps; i++) {
         const struct weft_step *st = &s.steps[i];
         cr_assert(st->count <= 3 && st->off / 3 == (st->off + st->count - 1) / 3);
@@ -312,7 +319,7 @@ Test(rhd, step_structure)
         for (int rank = 0; rank < p; rank++) {
             d = (struct weft_coll_desc){ WEFT_COLL_BROADCAST, rank, p, 1 % p, 100, 7,
                                          WEFT_ALGO_RHD, 0, 0, NULL, 0 };
-            cr_assert(weft_rhd_build(&d, &s) == WEFT_OK);
+            cr_assert(weft_sched_build(&d, &s) == WEFT_OK);
             size_t got = sum_counts(&s, WEFT_STEP_RECV);
             cr_assert(got == (rank == 1 % p ? 0u : 100u), "p=%d rank %d receives %zu", p, rank,
                       got);
@@ -320,25 +327,25 @@ Test(rhd, step_structure)
     /* Reduce_scatter keeps partial sums in scratch once there are two
      * halving rounds or a fold; p=2 reduces straight into recvbuf. */
     d = (struct weft_coll_desc){ WEFT_COLL_REDUCE_SCATTER, 0, 2, 0, 10, 4, WEFT_ALGO_RHD, 0, 0, NULL, 0 };
-    cr_assert(weft_rhd_build(&d, &s) == WEFT_OK && s.scratch_count == 0);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.scratch_count == 0);
     d.nranks = 4;
-    cr_assert(weft_rhd_build(&d, &s) == WEFT_OK && s.scratch_count == 40);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.scratch_count == 40);
     /* p=3: rank 0 is folded: it sends its 30 and gets its 10 back. */
     d.nranks = 3;
-    cr_assert(weft_rhd_build(&d, &s) == WEFT_OK && s.scratch_count == 0);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.scratch_count == 0);
     cr_assert(sum_counts(&s, WEFT_STEP_SEND) == 30 && sum_counts(&s, WEFT_STEP_RECV) == 10);
     /* Reduce: scratch off the root only. */
     d = (struct weft_coll_desc){ WEFT_COLL_REDUCE, 2, 4, 2, 10, 4, WEFT_ALGO_RHD, 0, 0, NULL, 0 };
-    cr_assert(weft_rhd_build(&d, &s) == WEFT_OK && s.scratch_count == 0);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.scratch_count == 0);
     d.rank = 3;
-    cr_assert(weft_rhd_build(&d, &s) == WEFT_OK && s.scratch_count == 10);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.scratch_count == 10);
     /* p=1: one COPY, or nothing for count 0. */
     for (int coll = 0; coll <= WEFT_COLL_REDUCE; coll++) {
         d = (struct weft_coll_desc){ coll, 0, 1, 0, 5, 2, WEFT_ALGO_RHD, 0, 0, NULL, 0 };
-        cr_assert(weft_rhd_build(&d, &s) == WEFT_OK);
+        cr_assert(weft_sched_build(&d, &s) == WEFT_OK);
         cr_assert(s.nsteps == 1 && s.steps[0].kind == WEFT_STEP_COPY && s.steps[0].count == 5);
         d.count = 0;
-        cr_assert(weft_rhd_build(&d, &s) == WEFT_OK && s.nsteps == 0);
+        cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.nsteps == 0);
     }
     weft_sched_free(&s);
 }
@@ -401,7 +408,7 @@ Test(dbt, complementary_trees)
                 struct weft_coll_desc d = { coll, r, p, root, 2, 64, WEFT_ALGO_TREE,
                                             WEFT_VAR_TREE_DOUBLE, 0, NULL, 0 };
                 weft_sched_init(&sch[r]);
-                cr_assert(weft_tree_build(&d, &sch[r]) == WEFT_OK);
+                cr_assert(weft_sched_build(&d, &sch[r]) == WEFT_OK);
                 for (int t = 0; t < 2; t++)
                     pl[t][r] = place_of(&sch[r], (size_t)t, rooted);
             }
@@ -466,7 +473,7 @@ Test(dbt, step_structure)
     weft_sched_init(&s);
     struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 1, 3, 0, 12, 2, WEFT_ALGO_TREE,
                                 WEFT_VAR_TREE_DOUBLE, 0, NULL, 0 };
-    cr_assert(weft_tree_build(&d, &s) == WEFT_OK);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK);
     cr_assert(s.scratch_count == 0);
     int finals = 0;
     size_t downs = 0;
@@ -502,7 +509,7 @@ Test(dbt, step_structure)
     size_t forwarded = 0;
     for (int r = 0; r < 8; r++) {
         d.rank = r;
-        cr_assert(weft_tree_build(&d, &s) == WEFT_OK);
+        cr_assert(weft_sched_build(&d, &s) == WEFT_OK);
         cr_assert(s.scratch_count == 0 || s.scratch_count == 6 || s.scratch_count == 5,
                   "rank %d: scratch %zu", r, s.scratch_count);
         cr_assert(r != 0 || s.scratch_count == 0);
@@ -523,7 +530,7 @@ Test(direct, step_structure)
     /* p=4, 8 elements (2 per block), one chunk: rank 1. */
     struct weft_coll_desc d = { WEFT_COLL_ALLREDUCE, 1, 4, 0, 8, 100, WEFT_ALGO_DIRECT, 0, 0,
                                 NULL, 0 };
-    cr_assert(weft_direct_build(&d, &s) == WEFT_OK);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK);
     cr_assert(s.nsteps == 12 && s.scratch_count == 0, "%zu steps", s.nsteps);
     int kinds[] = { WEFT_STEP_SEND, WEFT_STEP_SEND, WEFT_STEP_SEND,
                     WEFT_STEP_RECV_REDUCE, WEFT_STEP_RECV_REDUCE, WEFT_STEP_RECV_REDUCE,
@@ -542,13 +549,13 @@ Test(direct, step_structure)
     /* Broadcast: the root sends each chunk to every rank; reduce: folds. */
     d = (struct weft_coll_desc){ WEFT_COLL_BROADCAST, 2, 5, 2, 10, 4, WEFT_ALGO_DIRECT, 0, 0,
                                  NULL, 0 };
-    cr_assert(weft_direct_build(&d, &s) == WEFT_OK && s.nsteps == 3 * 4 + 1);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.nsteps == 3 * 4 + 1);
     cr_assert(s.steps[0].peer == 3 && s.steps[3].peer == 1 && s.steps[12].kind == WEFT_STEP_COPY);
     d.coll = WEFT_COLL_REDUCE;
-    cr_assert(weft_direct_build(&d, &s) == WEFT_OK && s.nsteps == 3 * 4);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.nsteps == 3 * 4);
     cr_assert(count_flag(&s, WEFT_STEP_FINAL) == 3 && s.steps[0].peer == 1 &&
               s.steps[3].peer == 3 && (s.steps[3].flags & WEFT_STEP_FINAL));
     d.rank = 4;
-    cr_assert(weft_direct_build(&d, &s) == WEFT_OK && s.nsteps == 3 && s.steps[2].peer == 2);
+    cr_assert(weft_sched_build(&d, &s) == WEFT_OK && s.nsteps == 3 && s.steps[2].peer == 2);
     weft_sched_free(&s);
 }

@@ -1,5 +1,5 @@
 /*
- * test_sim.c - the schedule simulator (algorithms/sim.c) against the
+ * test_sim.c - the schedule simulator (select/sim.c) against the
  * textbook costs of Thakur, Rabenseifner & Gropp 2005, its pipelining and
  * two-level behaviour, its errors, and the weft-sim tool.
  */

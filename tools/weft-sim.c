@@ -1,6 +1,6 @@
 /*
  * weft-sim - predicts collective times from the schedules themselves
- * (algorithms/sim.c) on a two-level cluster, and where the fastest
+ * (select/sim.c) on a two-level cluster, and where the fastest
  * algorithm changes with the message size.
  *
  * SYNOPSIS
@@ -73,15 +73,6 @@ static const char usage[] =
     "  --chunk BYTES        most bytes one step carries (WEFT_CHUNK_SIZE)\n"
     "  --dtype-bytes E      bytes per element: 1, 2, 4, 8 (4)\n";
 
-/* Variant names: variant 0 is shown as the family alone. */
-static const char *const var_names[WEFT_ALGO_COUNT][WEFT_VAR_COUNT] = {
-    [WEFT_ALGO_RING] = {"", NULL},
-    [WEFT_ALGO_TREE] = {"double", "binomial"},
-    [WEFT_ALGO_RHD] = {"rabenseifner", "doubling"},
-    [WEFT_ALGO_DIRECT] = {"", NULL},
-    [WEFT_ALGO_HIER] = {"ring", "rhd"},
-};
-
 static const struct {
     const char *name;
     int coll;
@@ -103,12 +94,13 @@ struct opts {
     int esize;
 };
 
+/* Variant 0 is shown as the family alone. */
 static void display_name(int algo, int var, char *out, size_t len)
 {
     if (var == 0)
         snprintf(out, len, "%s", weft_algo_name(algo));
     else
-        snprintf(out, len, "%s/%s", weft_algo_name(algo), var_names[algo][var]);
+        snprintf(out, len, "%s/%s", weft_algo_name(algo), weft_algo_variant_name(algo, var));
 }
 
 static _Noreturn WEFT_PRINTF(2, 3) void bad(const char *flag, const char *fmt, ...)
@@ -162,16 +154,13 @@ static void parse_algos(struct opts *o, const char *spec)
         if (a < 0)
             bad("-a", "unknown algorithm '%.*s' (ring, tree, rhd, direct, hier)", (int)len, p);
         if (flen == len) {
+            /* Every variant; the ones a family lacks serve nothing. */
             for (int v = 0; v < WEFT_VAR_COUNT; v++)
-                o->sel[a][v] = var_names[a][v] != NULL;
+                o->sel[a][v] = true;
         } else {
             const char *vn = p + flen + 1;
             size_t vlen = len - flen - 1;
-            int found = -1;
-            for (int v = 0; v < WEFT_VAR_COUNT; v++)
-                if (var_names[a][v] && *var_names[a][v] && strlen(var_names[a][v]) == vlen &&
-                    strncmp(vn, var_names[a][v], vlen) == 0)
-                    found = v;
+            int found = weft_algo_variant_from_name(a, vn, vlen);
             if (found < 0)
                 bad("-a", "%s has no variant '%.*s'", weft_algo_name(a), (int)vlen, vn);
             o->sel[a][found] = true;
