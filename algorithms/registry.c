@@ -1,20 +1,18 @@
 /*
- * registry.c - the one list of algorithm families, indexed by enum
- * weft_algo, and what reads it: names, what each variant serves, and
- * weft_sched_build, which checks a description once for every family
- * before handing it to the family's builder.
+ * registry.c - the table of algorithm families (algorithms/list.h),
+ * indexed by enum weft_algo, and what reads it: names, what each variant
+ * serves, and weft_sched_build, which checks a description once for every
+ * family before handing it to the family's builder.
  */
 #include "algorithms/registry.h"
 
 #include <strings.h>
 
-/* One line a family (docs/design.md: how to add an algorithm). */
+/* Indexed by enum weft_algo, from the one list (algorithms/list.h). */
 static const struct weft_algo_desc *const algos[WEFT_ALGO_COUNT] = {
-    [WEFT_ALGO_RING] = &weft_algo_ring,
-    [WEFT_ALGO_TREE] = &weft_algo_tree,
-    [WEFT_ALGO_RHD] = &weft_algo_rhd,
-    [WEFT_ALGO_DIRECT] = &weft_algo_direct,
-    [WEFT_ALGO_HIER] = &weft_algo_hier,
+#define WEFT_ALGO_ENTRY(e, d) [WEFT_ALGO_##e] = &weft_algo_##d,
+#include "algorithms/list.h"
+#undef WEFT_ALGO_ENTRY
 };
 
 /* algo's descriptor, or NULL for a value outside the enum. */

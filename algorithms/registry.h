@@ -28,12 +28,10 @@ struct weft_algo_desc {
     weft_status_t (*build)(const struct weft_coll_desc *d, struct weft_schedule *s);
 };
 
-/* The families, one per file; registry.c lists them by enum weft_algo. */
-extern const struct weft_algo_desc weft_algo_ring;
-extern const struct weft_algo_desc weft_algo_tree;
-extern const struct weft_algo_desc weft_algo_rhd;
-extern const struct weft_algo_desc weft_algo_direct;
-extern const struct weft_algo_desc weft_algo_hier;
+/* The families' descriptors, one per file (algorithms/list.h). */
+#define WEFT_ALGO_ENTRY(e, d) extern const struct weft_algo_desc weft_algo_##d;
+#include "algorithms/list.h"
+#undef WEFT_ALGO_ENTRY
 
 /* Recursive doubling allreduce (rd.c), rhd's WEFT_VAR_RHD_DOUBLING. */
 weft_status_t weft_rd_build(const struct weft_coll_desc *d, struct weft_schedule *s);

@@ -64,16 +64,14 @@ struct weft_schedule {
     size_t scratch_count; /* elements of WEFT_BUF_SCRATCH the schedule uses */
 };
 
-/* The algorithm families, one file each, listed in algorithms/registry.c
+/* The algorithm families, one file each, listed in algorithms/list.h
  * (docs/design.md: how to add one).  The values are plan bits (select/tune.h)
  * and stay put; names (weft_algo_name) are the ones WEFT_ALGO, the perf
  * tools' -a, weft-info and the logs use. */
 enum weft_algo {
-    WEFT_ALGO_RING = 0, /* "ring": rings and pipelined chains */
-    WEFT_ALGO_TREE,     /* "tree": double binary tree; binomial tree */
-    WEFT_ALGO_RHD,      /* "rhd": recursive halving/doubling, Rabenseifner, scatter+allgather */
-    WEFT_ALGO_DIRECT,   /* "direct": every pair at once (small rank counts) */
-    WEFT_ALGO_HIER,     /* "hier": within each node, among nodes, within each node */
+#define WEFT_ALGO_ENTRY(e, d) WEFT_ALGO_##e,
+#include "algorithms/list.h"
+#undef WEFT_ALGO_ENTRY
     WEFT_ALGO_COUNT
 };
 const char *weft_algo_name(enum weft_algo algo) WEFT_HIDDEN;
