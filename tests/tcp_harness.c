@@ -109,8 +109,10 @@ static weft_status_t verbs_connect(struct rank_env *e, int peer, const void *add
 static weft_status_t verbs_progress(struct rank_env *e, int timeout_ms)
 {
     weft_status_t st = weft_verbs_ops.progress(e->ctx, 0);
-    if (st != WEFT_OK || timeout_ms <= 0)
-        return st != WEFT_OK ? st : weft_tcp_ops.progress(e->oob, 0);
+    if (st != WEFT_OK)
+        return st;
+    if (timeout_ms <= 0)
+        return weft_tcp_ops.progress(e->oob, 0);
     bool news = weft_verbs_ops.sleep_begin(e->ctx);
     st = weft_tcp_ops.progress(e->oob, news ? 0 : timeout_ms);
     weft_verbs_ops.sleep_end(e->ctx);

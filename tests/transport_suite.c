@@ -21,12 +21,12 @@
 
 /* ---- data moving ---------------------------------------------------------------- */
 
-/* Rank 0 sends each size, rank 1 echoes it back changed, into receives one
- * byte longer than the message. */
+/* Rank 0 sends each size and rank 1 echoes it back changed; rank 0
+ * receives the echo with a byte to spare, which must stay untouched. */
 int sc_pingpong(struct rank_env *e)
 {
-    static const size_t sizes[] = {0,        1,    4095,         4096, SLOT - 1,
-                                   SLOT,     SLOT + 1, 3 * SLOT + 5, MIB,  64 * MIB + 1};
+    static const size_t sizes[] = {0, 1, 4095, 4096, SLOT - 1, SLOT, SLOT + 1,
+                                   3 * SLOT + 5, MIB, 64 * MIB + 1};
     int peer = 1 - e->rank;
     for (size_t k = 0; k < WEFT_ARRAY_SIZE(sizes); k++) {
         size_t n = sizes[k];
