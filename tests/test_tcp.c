@@ -20,6 +20,12 @@
 #include "src/sock.h"
 #include "tests/tcp_harness.h"
 
+static void use_tcp(void)
+{
+    tp_use("tcp");
+}
+TestSuite(tcp, .init = use_tcp);
+
 /* ---- the generic scenarios over several streams and small buffers ------------- */
 
 /* Kernel-sized buffers, and with them other partial-write patterns. */
