@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "reduce.h"
 
 void weft_test_env(void)
@@ -232,14 +233,20 @@ int weft_test_run(int nranks, int timeout_s, weft_test_body_t body, void *arg)
 
 /* ---- reporting ---------------------------------------------------------------- */
 
-int weft_test_fail(int rank, const char *fmt, ...)
+static int vfail(int rank, const char *fmt, va_list ap)
 {
     char msg[1024];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    fprintf(stderr, "rank %d: %s\n", rank, msg);
+    return 1;
+}
+
+int weft_test_fail(int rank, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    vfail(rank, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "rank %d: %s\n", rank, msg);
     return 1;
 }
 
@@ -255,17 +262,17 @@ int weft_test_expect_status(int rank, weft_comm_t comm, const char *what, weft_s
 
 /* ---- typed buffers ------------------------------------------------------------- */
 
+/* The library's names, and a loud one for a value it does not know. */
 const char *weft_test_dtype_name(weft_dtype_t dt)
 {
-    static const char *const names[] = {"int8",  "uint8",   "int32",   "uint32",  "int64",
-                                        "uint64", "float16", "float32", "float64", "bfloat16"};
-    return (unsigned)dt < WEFT_ARRAY_SIZE(names) ? names[dt] : "bad-dtype";
+    const char *name = weft_dtype_name(dt);
+    return strcmp(name, "?") != 0 ? name : "bad-dtype";
 }
 
 const char *weft_test_op_name(weft_op_t op)
 {
-    static const char *const names[] = {"sum", "prod", "max", "min", "avg"};
-    return (unsigned)op < WEFT_ARRAY_SIZE(names) ? names[op] : "bad-op";
+    const char *name = weft_op_name(op);
+    return strcmp(name, "?") != 0 ? name : "bad-op";
 }
 
 bool weft_test_dtype_is_float(weft_dtype_t dt)
@@ -510,12 +517,10 @@ void report(struct tc *c, const char *fmt, ...)
     c->fails++;
     if (c->reports++ >= MAX_REPORTS)
         return;
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    vfail(c->rank, fmt, ap);
     va_end(ap);
-    weft_test_fail(c->rank, "%s", msg);
 }
 
 void poison_rcv(struct tc *c, size_t bytes)

@@ -1,11 +1,14 @@
 /*
- * tcp_harness.c - the process side of test_tcp: forks the ranks, gives each
- * its tcp transport context, exchanges the addresses through pipes, and the
- * helpers ranks and the test process use to move and check bytes.
+ * tcp_harness.c - the process side of the transport tests: the table of
+ * transports and how each is opened, forking the ranks and exchanging their
+ * addresses through pipes, and the helpers ranks and the test process use
+ * to move and check bytes.
  */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -27,11 +30,173 @@
 #include "src/comm.h"
 #include "tests/tcp_harness.h"
 
-/* Weak, and not const so the compiler cannot fold it here: a test of
- * another transport defines its own T. */
-__attribute__((weak)) const struct weft_transport_ops *T = &weft_tcp_ops;
-
 int g_rank = -1;
+
+/* ---- the transports ----------------------------------------------------------- */
+
+static int shm_leftovers(uint64_t job)
+{
+    return count_segments(NULL, job);
+}
+
+#ifdef HAVE_VERBS
+/* verbs on the software device (tests/softverbs), which tests/verbs.sh
+ * preloads.  As in a communicator, each rank's queue pairs are joined over
+ * a tcp connection to the peer: a rank opens both and publishes both
+ * addresses, [tcp length][tcp address][verbs address]. */
+static const char *verbs_setup(void)
+{
+    if (!getenv("WEFT_TEST_SOFTVERBS"))
+        return "needs the software verbs device preloaded (tests/verbs.sh)";
+    setenv("WEFT_IB_TIMEOUT", "14", 1); /* a dead peer's writes give up in 200 ms */
+    return NULL;
+}
+
+static void verbs_close(struct rank_env *e)
+{
+    weft_verbs_ops.finalize(e->ctx); /* says goodbye over tcp: first */
+    weft_tcp_ops.finalize(e->oob);
+    e->ctx = e->oob = NULL;
+}
+
+static weft_status_t verbs_open(struct rank_env *e, const struct weft_transport_init *a,
+                                void *addr, size_t *addrlen)
+{
+    uint8_t taddr[WEFT_TRANSPORT_ADDR_MAX], vaddr[WEFT_TRANSPORT_ADDR_MAX];
+    size_t tlen = sizeof(taddr), vlen = sizeof(vaddr);
+    e->ctx = e->oob = NULL;
+    weft_status_t st = weft_tcp_ops.init(a, &e->oob, taddr, &tlen);
+    if (st != WEFT_OK)
+        return st;
+    struct weft_transport_init v = *a;
+    v.oob_ops = &weft_tcp_ops;
+    v.oob_ctx = e->oob;
+    st = weft_verbs_ops.init(&v, &e->ctx, vaddr, &vlen);
+    /* Completions end tcp's wait, as in a communicator. */
+    if (st == WEFT_OK)
+        st = weft_verbs_ops.set_waker(e->ctx, weft_tcp_ops.wakeup, e->oob);
+    if (st == WEFT_OK && 1 + tlen + vlen > *addrlen)
+        st = weft_error(NULL, WEFT_ERR_INVALID_ARG, "verbs and tcp addresses: %zu bytes",
+                        1 + tlen + vlen);
+    if (st != WEFT_OK) {
+        verbs_close(e);
+        return st;
+    }
+    uint8_t *p = addr;
+    p[0] = (uint8_t)tlen;
+    memcpy(p + 1, taddr, tlen);
+    memcpy(p + 1 + tlen, vaddr, vlen);
+    *addrlen = 1 + tlen + vlen;
+    return WEFT_OK;
+}
+
+static weft_status_t verbs_connect(struct rank_env *e, int peer, const void *addr,
+                                   size_t addrlen, void **conn)
+{
+    const uint8_t *p = addr;
+    void *oob = NULL;
+    if (addrlen < 1 || addrlen < 1u + p[0])
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "rank %d published a bad address", peer);
+    weft_status_t st = weft_tcp_ops.connect(e->oob, peer, p + 1, p[0], &oob);
+    if (st != WEFT_OK)
+        return st;
+    weft_verbs_bind_oob(e->ctx, peer, oob);
+    return weft_verbs_ops.connect(e->ctx, peer, p + 1 + p[0], addrlen - 1 - p[0], conn);
+}
+
+/* weft_comm_progress's way: verbs without waiting, then sleep in tcp
+ * unless verbs has news. */
+static weft_status_t verbs_progress(struct rank_env *e, int timeout_ms)
+{
+    weft_status_t st = weft_verbs_ops.progress(e->ctx, 0);
+    if (st != WEFT_OK)
+        return st;
+    if (timeout_ms <= 0)
+        return weft_tcp_ops.progress(e->oob, 0);
+    bool news = weft_verbs_ops.sleep_begin(e->ctx);
+    st = weft_tcp_ops.progress(e->oob, news ? 0 : timeout_ms);
+    weft_verbs_ops.sleep_end(e->ctx);
+    return st;
+}
+
+static void verbs_wakeup(struct rank_env *e)
+{
+    weft_tcp_ops.wakeup(e->oob);
+}
+#endif
+
+#define SENT_BUT_HOLDS "rank 0 sent %zu bytes but the receive posted holds 1024"
+
+const struct test_transport weft_test_transports[] = {
+    {"tcp", &weft_tcp_ops, .checks_args = true, .too_long = SENT_BUT_HOLDS,
+     .peer_died = {"127.0.0.1:", "stream 0"}, .bad_addr = "address family"},
+    {"shm", &weft_shm_ops, .barrier = true, .checks_args = true, .leftovers = shm_leftovers,
+     .too_long = SENT_BUT_HOLDS, .too_long_told = "holds 1024",
+     .peer_died = {"(pid ", ") exited"}, .bad_addr = "is not one"},
+#ifdef HAVE_VERBS
+    /* The receiver's error is "rank 0 sent a message longer than the 1024
+     * bytes posted for it", unless the sender's word that it failed the
+     * connection comes first: then only the sender's says why. */
+    {"verbs", &weft_verbs_ops, .setup = verbs_setup, .open = verbs_open,
+     .connect = verbs_connect, .progress = verbs_progress, .wakeup = verbs_wakeup,
+     .close = verbs_close, .too_long = "rank 0 ",
+     .too_long_told = "longer than the 1024 bytes it posted",
+     .peer_died = {"is gone", "tcp connection"}},
+#endif
+};
+const size_t weft_test_ntransports = WEFT_ARRAY_SIZE(weft_test_transports);
+
+const struct test_transport *TP = &weft_test_transports[0];
+const struct weft_transport_ops *T = &weft_tcp_ops;
+
+void tp_use(const char *name)
+{
+    for (size_t i = 0; i < weft_test_ntransports; i++) {
+        if (strcmp(weft_test_transports[i].name, name) != 0)
+            continue;
+        TP = &weft_test_transports[i];
+        T = TP->ops;
+        const char *why = TP->setup ? TP->setup() : NULL;
+        if (why)
+            cr_skip_test("%s: %s", name, why);
+        return;
+    }
+    cr_skip_test("%s: not built", name);
+}
+
+weft_status_t tp_open(struct rank_env *e, const struct weft_transport_init *a, void *addr,
+                      size_t *addrlen)
+{
+    return TP->open ? TP->open(e, a, addr, addrlen) : T->init(a, &e->ctx, addr, addrlen);
+}
+
+weft_status_t tp_connect(struct rank_env *e, int peer, const void *addr, size_t addrlen,
+                         void **conn)
+{
+    return TP->connect ? TP->connect(e, peer, addr, addrlen, conn)
+                       : T->connect(e->ctx, peer, addr, addrlen, conn);
+}
+
+weft_status_t tp_progress(struct rank_env *e, int timeout_ms)
+{
+    return TP->progress ? TP->progress(e, timeout_ms) : T->progress(e->ctx, timeout_ms);
+}
+
+void tp_wakeup(struct rank_env *e)
+{
+    if (TP->wakeup)
+        TP->wakeup(e);
+    else
+        T->wakeup(e->ctx);
+}
+
+void tp_close(struct rank_env *e)
+{
+    if (TP->close)
+        TP->close(e);
+    else
+        T->finalize(e->ctx);
+}
 
 /* ---- data patterns ---------------------------------------------------------- */
 
@@ -66,12 +231,17 @@ bool all_bytes(const uint8_t *p, size_t n, uint8_t v)
 
 /* ---- plumbing --------------------------------------------------------------- */
 
-bool write_full(int fd, const void *buf, size_t n)
+/* Moves n bytes through fd: reads, waiting until end at most, or writes
+ * (blocking).  False on EOF, an error or the deadline. */
+static bool full_io(int fd, char *p, size_t n, bool reading, uint64_t end)
 {
-    const char *p = buf;
     while (n > 0) {
-        ssize_t k = write(fd, p, n);
-        if (k < 0 && errno == EINTR)
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int left = weft_ms_left(end);
+        if (reading && (left == 0 || poll(&pfd, 1, left) == 0))
+            return false;
+        ssize_t k = reading ? read(fd, p, n) : write(fd, p, n);
+        if (k < 0 && (errno == EINTR || (reading && errno == EAGAIN)))
             continue;
         if (k <= 0)
             return false;
@@ -81,25 +251,14 @@ bool write_full(int fd, const void *buf, size_t n)
     return true;
 }
 
-/* Reads n bytes, waiting at most ms in all; false on EOF or timeout. */
+bool write_full(int fd, const void *buf, size_t n)
+{
+    return full_io(fd, (char *)(uintptr_t)buf, n, false, 0);
+}
+
 bool read_full(int fd, void *buf, size_t n, int ms)
 {
-    char *p = buf;
-    uint64_t end = weft_now_ns() + (uint64_t)ms * 1000000;
-    while (n > 0) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        int left = weft_ms_left(end);
-        if (left == 0 || poll(&pfd, 1, left) == 0)
-            return false;
-        ssize_t k = read(fd, p, n);
-        if (k < 0 && (errno == EINTR || errno == EAGAIN))
-            continue;
-        if (k <= 0)
-            return false;
-        p += k;
-        n -= (size_t)k;
-    }
-    return true;
+    return full_io(fd, buf, n, true, weft_now_ns() + (uint64_t)ms * 1000000);
 }
 
 union weft_sockaddr loopback(uint16_t port)
@@ -144,26 +303,29 @@ static void child_main(struct world *w, int rank, int up, int down, int (*fn)(st
                                     .secret = w->secret,
                                     .local = loopback(0),
                                     .timeout_ns = w->timeout_ms * 1000000};
-    uint8_t addr[WEFT_TRANSPORT_ADDR_MAX];
+    uint8_t addr[TP_ADDR_MAX];
     size_t len = sizeof(addr);
-    CHECK(T->init(&a, &e.ctx, addr, &len) == WEFT_OK);
+    CHECK(tp_open(&e, &a, addr, &len) == WEFT_OK);
     CHECK(len <= sizeof(addr));
     CHECK(write_full(up, &len, sizeof(len)) && write_full(up, addr, sizeof(addr)));
     CHECK(read_full(down, w->tablelen, sizeof(w->tablelen), 30000));
     CHECK(read_full(down, w->table, sizeof(w->table), 30000));
     for (int p = 0; p < w->nranks; p++)
         if (p != rank)
-            CHECK(T->connect(e.ctx, p, w->table[p], w->tablelen[p], &e.conn[p]) == WEFT_OK);
+            CHECK(tp_connect(&e, p, w->table[p], w->tablelen[p], &e.conn[p]) == WEFT_OK);
+    if (TP->barrier) { /* the other side of world_barrier */
+        tell_parent(&e);
+        progress_until_go(&e, 30000);
+        CHECK(T->ready(e.ctx) == WEFT_OK);
+    }
     int rc = fn(&e);
-    T->finalize(e.ctx);
+    tp_close(&e);
     /* _exit skips the sanitizer's exit-time leak check: run it here. */
     LEAK_CHECK();
     _exit(rc);
 }
 
-/* Forks the real ranks and hands every rank the table of addresses
- * (w->addr[r] for r >= nreal is set by the test beforehand). */
-void world_start(struct world *w, int (*fn)(struct rank_env *))
+void world_spawn(struct world *w, int (*fn)(struct rank_env *))
 {
     fflush(NULL);
     for (int r = 0; r < w->nreal; r++) {
@@ -204,8 +366,22 @@ void world_start(struct world *w, int (*fn)(struct rank_env *))
                   write_full(w->down[r], w->table, sizeof(w->table)));
 }
 
-/* Waits for every child; those in killed_mask must have died of SIGKILL,
- * the others must have exited 0. */
+void world_barrier(struct world *w)
+{
+    char c = 'g';
+    for (int r = 0; r < w->nreal; r++)
+        cr_assert(read_full(w->up[r], &c, 1, 30000), "rank %d did not reach the barrier", r);
+    for (int r = 0; r < w->nreal; r++)
+        cr_assert(write_full(w->down[r], &c, 1));
+}
+
+void world_start(struct world *w, int (*fn)(struct rank_env *))
+{
+    world_spawn(w, fn);
+    if (TP->barrier)
+        world_barrier(w);
+}
+
 void world_finish(struct world *w, unsigned killed_mask)
 {
     for (int r = 0; r < w->nreal; r++) {
@@ -229,6 +405,8 @@ void run_buf(int nranks, int nstreams, const char *bufsize, int (*fn)(struct ran
     w.bufsize = bufsize;
     world_start(&w, fn);
     world_finish(&w, 0);
+    if (TP->leftovers)
+        cr_expect_eq(TP->leftovers(w.job), 0, "%s left files of the job behind", TP->name);
 }
 
 void run(int nranks, int nstreams, int (*fn)(struct rank_env *))
@@ -253,7 +431,7 @@ weft_status_t wait_req(struct rank_env *e, void *req, size_t *bytes, int limit_m
             return WEFT_OK;
         }
         CHECKF(weft_now_ns() < end, "request not done within %d ms", limit_ms);
-        CHECK(T->progress(e->ctx, 10) == WEFT_OK);
+        CHECK(tp_progress(e, 10) == WEFT_OK);
     }
 }
 
@@ -280,7 +458,7 @@ void wait_all(struct rank_env *e, void **reqs, size_t n, size_t *bytes, int limi
         CHECKF(left == 0 || weft_now_ns() < end, "%zu of %zu requests not done in %d ms", left,
                n, limit_ms);
         if (left > 0)
-            CHECK(T->progress(e->ctx, 10) == WEFT_OK);
+            CHECK(tp_progress(e, 10) == WEFT_OK);
     }
 }
 
@@ -298,6 +476,44 @@ size_t recv_ok(struct rank_env *e, int peer, void *buf, size_t n)
     CHECK(T->irecv(e->conn[peer], buf, n, &r) == WEFT_OK);
     CHECK(wait_req(e, r, &got, 20000) == WEFT_OK);
     return got;
+}
+
+const char *recv_must_fail(struct rank_env *e, int peer, size_t n, int limit_ms)
+{
+    uint8_t *buf = malloc(n);
+    CHECK(buf != NULL);
+    memset(buf, 0xEE, n);
+    void *r = NULL;
+    CHECK(T->irecv(e->conn[peer], buf, n, &r) == WEFT_OK);
+    weft_status_t st = wait_req(e, r, NULL, limit_ms);
+    CHECKF(st == WEFT_ERR_REMOTE, "the receive got %s", weft_status_string(st));
+    CHECKF(all_bytes(buf, n, 0xEE), "bytes of the failed message landed");
+    free(buf);
+    return weft_thread_last_error();
+}
+
+void expect_failed(struct rank_env *e, int peer)
+{
+    uint8_t buf[8] = {0};
+    void *r = NULL;
+    CHECK(T->irecv(e->conn[peer], buf, sizeof(buf), &r) == WEFT_OK);
+    CHECK(wait_req(e, r, NULL, 1000) == WEFT_ERR_REMOTE);
+    CHECK(T->isend(e->conn[peer], buf, sizeof(buf), &r) == WEFT_OK);
+    CHECK(wait_req(e, r, NULL, 1000) == WEFT_ERR_REMOTE);
+}
+
+const char *expect_killed(struct rank_env *e, weft_status_t st, int peer)
+{
+    uint64_t now = weft_now_ns();
+    CHECKF(st == WEFT_ERR_REMOTE, "got %s", weft_status_string(st));
+    CHECK(*e->w->kill_ns != 0);
+    CHECKF(now - *e->w->kill_ns < 2000000000ull, "noticed after %llu ms",
+           (unsigned long long)((now - *e->w->kill_ns) / 1000000));
+    const char *msg = weft_thread_last_error();
+    char name[16];
+    snprintf(name, sizeof(name), "rank %d", peer);
+    CHECKF(strstr(msg, name), "%s", msg);
+    return msg;
 }
 
 /* One small message each way, so that both directions have sockets. */
@@ -333,8 +549,37 @@ void progress_until_go(struct rank_env *e, int limit_ms)
             return;
         }
         CHECKF(weft_now_ns() < end, "no go from the test process in %d ms", limit_ms);
-        CHECK(T->progress(e->ctx, 5) == WEFT_OK);
+        CHECK(tp_progress(e, 5) == WEFT_OK);
     }
+}
+
+/* ---- in-process checks ------------------------------------------------------ */
+
+struct weft_transport_init solo_args(uint8_t *secret, int rank, int nranks, uint64_t job)
+{
+    memset(secret, 7, WEFT_SECRET_BYTES);
+    return (struct weft_transport_init){.err = NULL,
+                                        .rank = rank,
+                                        .nranks = nranks,
+                                        .job = job,
+                                        .secret = secret,
+                                        .local = loopback(0),
+                                        .timeout_ns = 1000000000ull};
+}
+
+weft_status_t solo_init(int nranks, uint64_t job, void **ctx)
+{
+    uint8_t secret[WEFT_SECRET_BYTES], addr[WEFT_TRANSPORT_ADDR_MAX];
+    size_t len = sizeof(addr);
+    struct weft_transport_init a = solo_args(secret, 0, nranks, job);
+    return T->init(&a, ctx, addr, &len);
+}
+
+uint64_t fresh_job(void)
+{
+    uint64_t job;
+    cr_assert_eq(weft_random_bytes(&job, sizeof(job)), WEFT_OK);
+    return job;
 }
 
 /* ---- for the test process ------------------------------------------------- */
@@ -363,4 +608,26 @@ bool closed_within(int fd, int ms)
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
             return true;
     }
+}
+
+const char *shm_dir(void)
+{
+    const char *d = getenv("WEFT_SHM_DIR");
+    return d && *d ? d : "/dev/shm";
+}
+
+int count_segments(const char *dir, uint64_t job)
+{
+    char prefix[64];
+    snprintf(prefix, sizeof(prefix), "weft-%016" PRIx64 "-", job);
+    DIR *d = opendir(dir ? dir : shm_dir());
+    if (d == NULL)
+        return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        if (strncmp(de->d_name, prefix, strlen(prefix)) == 0)
+            n++;
+    closedir(d);
+    return n;
 }

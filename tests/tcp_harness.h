@@ -1,6 +1,7 @@
 /*
- * tcp_harness.h - the process harness of test_tcp: the test process forks
- * the real ranks, each child makes its own tcp transport context on
+ * tcp_harness.h - the process harness of the transport tests (test_tcp,
+ * test_shm, the per-transport suites of test_transport): the test process
+ * forks the real ranks, each child opens the transport under test on
  * 127.0.0.1 and connects to every peer once the test process has handed out
  * the table of addresses; then the scenario runs in the child.
  *
@@ -23,11 +24,62 @@
 #include "transports/transport.h"
 
 #define MAXR 4
+/* Bytes a rank may publish: verbs publishes a tcp address beside its own. */
+#define TP_ADDR_MAX (2 * WEFT_TRANSPORT_ADDR_MAX + 1)
 
-/* The transport under test: &weft_tcp_ops unless the test defines T. */
+struct rank_env;
+
+/*
+ * How the harness opens one transport in a rank, and what the generic suite
+ * (transport_suite.c) expects of it where transports word or do things
+ * differently.  weft_test_transports[] (tcp_harness.c) holds one for each
+ * transport built: the one place to add a transport.  Hooks left NULL call
+ * the vtable as it is.
+ */
+struct test_transport {
+    const char *name; /* its WEFT_TRANSPORT word, and its suite's name */
+    const struct weft_transport_ops *ops;
+    /* Readies this process for it (parameters); returns why it cannot run
+     * here (the test skips), or NULL. */
+    const char *(*setup)(void);
+    /* Opens e's context (e->ctx, and any other it needs) and writes the
+     * address the rank publishes. */
+    weft_status_t (*open)(struct rank_env *e, const struct weft_transport_init *a, void *addr,
+                          size_t *addrlen);
+    weft_status_t (*connect)(struct rank_env *e, int peer, const void *addr, size_t addrlen,
+                             void **conn);
+    weft_status_t (*progress)(struct rank_env *e, int timeout_ms);
+    /* Ends a progress() waiting in another thread. */
+    void (*wakeup)(struct rank_env *e);
+    void (*close)(struct rank_env *e);
+    bool barrier;     /* ready() once every rank has connected (shm) */
+    bool checks_args; /* init, connect, isend and irecv refuse bad arguments */
+    /* Files of the job left on the machine (-1: cannot tell); NULL: it
+     * makes none. */
+    int (*leftovers)(uint64_t job);
+    /* The receiver's error for a message longer than its 1024-byte
+     * receive: a printf format of the bytes sent. */
+    const char *too_long;
+    /* What the sender's error says of it besides "rank 1" (NULL: no more). */
+    const char *too_long_told;
+    /* Besides "rank N", what the error of a dead peer says. */
+    const char *peer_died[2];
+    /* What connect says of an address that is not one of its own. */
+    const char *bad_addr;
+};
+
+extern const struct test_transport weft_test_transports[];
+extern const size_t weft_test_ntransports;
+
+/* The transport under test (tcp until tp_use) and its vtable. */
+extern const struct test_transport *TP;
 extern const struct weft_transport_ops *T;
 /* This process's rank in a child, -1 in the test process (for CHECK). */
 extern int g_rank;
+
+/* Makes the named transport the one under test, in the test process
+ * before any fork; skips the test where it cannot run. */
+void tp_use(const char *name);
 
 /* What the test process knows about the job; children get a copy at fork. */
 struct world {
@@ -39,7 +91,7 @@ struct world {
     union weft_sockaddr addr[MAXR];  /* tcp: the table below as socket addresses */
     /* The published addresses as opaque bytes, for any transport; for
      * r >= nreal the test sets table[r] (or, for tcp, addr[r]) beforehand. */
-    uint8_t table[MAXR][WEFT_TRANSPORT_ADDR_MAX];
+    uint8_t table[MAXR][TP_ADDR_MAX];
     size_t tablelen[MAXR];
     pid_t pid[MAXR];
     int up[MAXR], down[MAXR];      /* test process's ends of each child's pipes */
@@ -50,10 +102,21 @@ struct world {
 struct rank_env {
     struct world *w;
     int rank;
-    void *ctx;
+    void *ctx;                     /* the transport's */
+    void *oob;                     /* verbs: the tcp context its queue pairs are joined over */
     void *conn[MAXR];
     int up, down;                  /* child's ends: to and from the test process */
 };
+
+/* The transport under test, through TP's hooks; e may be a rank of this
+ * process (the in-process tests: only e->rank set). */
+weft_status_t tp_open(struct rank_env *e, const struct weft_transport_init *a, void *addr,
+                      size_t *addrlen);
+weft_status_t tp_connect(struct rank_env *e, int peer, const void *addr, size_t addrlen,
+                         void **conn);
+weft_status_t tp_progress(struct rank_env *e, int timeout_ms);
+void tp_wakeup(struct rank_env *e);
+void tp_close(struct rank_env *e);
 
 #define CHECKF(cond, ...)                                                                   \
     do {                                                                                    \
@@ -87,12 +150,18 @@ union weft_sockaddr loopback(uint16_t port);
 void world_init(struct world *w, int nranks, int nreal, int nstreams, uint64_t timeout_ms);
 /* Forks the real ranks, each running fn once connected, and hands every
  * rank the table of addresses (w->table[r] or w->addr[r] for r >= nreal is
- * set by the test beforehand). */
+ * set by the test beforehand).  Where the transport wants ready(), the
+ * ranks wait for world_barrier before they call it and run fn. */
+void world_spawn(struct world *w, int (*fn)(struct rank_env *));
+/* Every rank has connected: lets them go on to ready(). */
+void world_barrier(struct world *w);
+/* world_spawn, then world_barrier where the transport has one. */
 void world_start(struct world *w, int (*fn)(struct rank_env *));
 /* Waits for every child; those in killed_mask must have died of SIGKILL,
  * the others must have exited 0. */
 void world_finish(struct world *w, unsigned killed_mask);
-/* A whole job of nranks real ranks running fn; bufsize as in struct world. */
+/* A whole job of nranks real ranks running fn; bufsize as in struct world.
+ * Afterwards nothing of it may be left on the machine. */
 void run_buf(int nranks, int nstreams, const char *bufsize, int (*fn)(struct rank_env *));
 void run(int nranks, int nstreams, int (*fn)(struct rank_env *));
 
@@ -105,6 +174,15 @@ weft_status_t wait_req(struct rank_env *e, void *req, size_t *bytes, int limit_m
 void wait_all(struct rank_env *e, void **reqs, size_t n, size_t *bytes, int limit_ms);
 void send_ok(struct rank_env *e, int peer, const void *buf, size_t n);
 size_t recv_ok(struct rank_env *e, int peer, void *buf, size_t n);
+/* A receive of n bytes from peer that must fail with WEFT_ERR_REMOTE
+ * without a byte landing; returns the error. */
+const char *recv_must_fail(struct rank_env *e, int peer, size_t n, int limit_ms);
+/* The connection to peer failed: later requests on it fail too. */
+void expect_failed(struct rank_env *e, int peer);
+/* st, of a request to a peer the test process killed (w->kill_ns): it must
+ * be WEFT_ERR_REMOTE, within 2 s of the kill, naming the peer; returns
+ * the error. */
+const char *expect_killed(struct rank_env *e, weft_status_t st, int peer);
 /* One small message each way, so that both directions have sockets. */
 void warm_up(struct rank_env *e, int peer);
 /* Lets the test process know we reached a point. */
@@ -113,6 +191,15 @@ void tell_parent(struct rank_env *e);
  * process says go. */
 void progress_until_go(struct rank_env *e, int limit_ms);
 
+/* ---- in-process checks ------------------------------------------------------ */
+
+/* Arguments of a rank opened in the test process (secret: 7s). */
+struct weft_transport_init solo_args(uint8_t *secret, int rank, int nranks, uint64_t job);
+/* Rank 0 of nranks of job opened here with T->init; the address is
+ * dropped. */
+weft_status_t solo_init(int nranks, uint64_t job, void **ctx);
+uint64_t fresh_job(void);
+
 /* ---- for the test process --------------------------------------------------- */
 
 /* A plain TCP connection to a, as a stranger would make. */
@@ -120,5 +207,31 @@ int tcp_connect_to(const union weft_sockaddr *a);
 /* True when the other side closes fd within ms (bytes it sends are
  * skipped). */
 bool closed_within(int fd, int ms);
+/* The folder shm puts its segments in (WEFT_SHM_DIR or /dev/shm). */
+const char *shm_dir(void);
+/* Segments of job in dir (NULL: shm_dir()); -1 if dir cannot be read. */
+int count_segments(const char *dir, uint64_t job);
+
+/* ---- the generic scenarios (transport_suite.c) ------------------------------- */
+
+/* Round trips of each ping-pong size over 256 KiB (20 of the smaller);
+ * PINGPONG_MIB_MESSAGES of its messages each way are 1 MiB or more. */
+#define PINGPONG_LARGE_ITERS 3
+#define PINGPONG_MIB_MESSAGES (2 * PINGPONG_LARGE_ITERS)
+
+/* Bodies of 2-rank jobs (sc_all_to_all: any number up to MAXR). */
+int sc_pingpong(struct rank_env *e);
+int sc_both_ways(struct rank_env *e);
+int sc_many_small(struct rank_env *e);
+int sc_all_to_all(struct rank_env *e);
+int sc_short_into_long(struct rank_env *e);
+int sc_peer_finalized(struct rank_env *e);
+int sc_finalize_pending(struct rank_env *e);
+/* Whole tests: a message of bytes into a 1024-byte receive; a peer killed
+ * while the other waits for it; wakeup; bad arguments. */
+void run_long_into_short(size_t bytes);
+void run_killed_peer(void);
+void check_wakeup(void);
+void check_bad_arguments(void);
 
 #endif

@@ -3,7 +3,9 @@
  * this binary with the device preloaded, exchange QP numbers, GIDs, rkeys
  * and addresses over a socketpair, and check what hardware would do.  The
  * cm_* scenarios drive the device's connection manager (sv_cm.c) through
- * the real librdmacm's entry points. */
+ * the real librdmacm's entry points.  Peers look their scenario up in one
+ * table (scenarios[]): a pair of QPs, or of connection manager ids, is set
+ * up and closed the same way for all, each row saying what differs. */
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <dirent.h>
@@ -202,15 +204,6 @@ static void to_rts(struct side *s, const struct info *p, const struct qpopt *o)
                                        IBV_QP_MAX_QP_RD_ATOMIC) == 0);
 }
 
-/* The usual start: both sides up, connected, and in step. */
-static void setup(struct side *s, struct info *p, size_t len, const struct qpopt *o)
-{
-    open_side(s, len, o);
-    exchange(s, p);
-    to_rts(s, p, o);
-    sync_peer();
-}
-
 static void wait_wc(struct side *s, struct ibv_wc *wc, int ms)
 {
     uint64_t end = now_ms() + (uint64_t)ms;
@@ -311,7 +304,8 @@ static bool filled(const char *b, size_t n, unsigned seed)
 
 static void teardown(struct side *s)
 {
-    CHECK(ibv_destroy_qp(s->qp) == 0);
+    if (s->qp)
+        CHECK(ibv_destroy_qp(s->qp) == 0);
     CHECK(ibv_dereg_mr(s->mr) == 0);
     CHECK(ibv_destroy_cq(s->cq) == 0);
     if (s->ch)
@@ -464,554 +458,449 @@ static int scn_fdleak(void)
     return 0;
 }
 
-static int scn_write(void)
-{
-    struct side s;
-    struct info p;
+/* ---- QP scenarios: one setup and teardown, what each side does in a table ---- */
 
-    setup(&s, &p, 4 * MiB, &dflt);
-    if (is_a()) {
-        fill(s.buf, 4 * MiB, 1);
-        CHECK(post(&s, IBV_WR_RDMA_WRITE, 7, 0, 4 * MiB, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
-        expect_wc(&s, 7, IBV_WC_SUCCESS);
-        sync_peer();
-    } else {
-        sync_peer(); /* no verbs call at all on the target */
-        CHECK(filled(s.buf, 4 * MiB, 1));
-        no_more_wc(&s, 10);
-    }
-    sync_peer();
-    teardown(&s);
-    return 0;
+/* A 64-byte RDMA WRITE to the start of the peer's buffer. */
+static void write_64(struct side *s, const struct info *p, uint64_t wr_id, int flags)
+{
+    CHECK(post(s, IBV_WR_RDMA_WRITE, wr_id, 0, 64, p, 0, p->rkey, flags, 0) == 0);
 }
 
-static int scn_big(void)
+/* One signalled, wr_id 1, that must complete with st; returns the ms it
+ * took. */
+static uint64_t write_64_ms(struct side *s, const struct info *p, enum ibv_wc_status st)
 {
-    const size_t len = 64 * MiB;
-    struct side s;
-    struct info p;
+    uint64_t t0 = now_ms();
 
-    setup(&s, &p, len, &dflt);
-    if (is_a()) {
-        fill(s.buf, len, 99);
-        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, (uint32_t)len, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
-        expect_wc(&s, 1, IBV_WC_SUCCESS);
-        sync_peer();
-    } else {
-        sync_peer();
-        CHECK(filled(s.buf, len, 99));
-    }
-    sync_peer();
-    teardown(&s);
-    return 0;
+    write_64(s, p, 1, IBV_SEND_SIGNALED);
+    expect_wc(s, 1, st);
+    return now_ms() - t0;
 }
 
-static int scn_write_imm(void)
+static void write_a(struct side *s, const struct info *p)
 {
-    struct side s;
-    struct info p;
+    fill(s->buf, s->len, 1);
+    CHECK(post(s, IBV_WR_RDMA_WRITE, 7, 0, (uint32_t)s->len, p, 0, p->rkey, IBV_SEND_SIGNALED,
+               0) == 0);
+    expect_wc(s, 7, IBV_WC_SUCCESS);
+    sync_peer();
+}
+
+static void write_b(struct side *s, const struct info *p)
+{
+    sync_peer(); /* no verbs call at all on the target */
+    CHECK(filled(s->buf, s->len, 1));
+    no_more_wc(s, 10);
+}
+
+static void write_imm_prep(struct side *s)
+{
+    if (!is_a()) {
+        post_recv(s, 100, 0, 0);
+        post_recv(s, 101, 0, 0);
+    }
+}
+
+static void write_imm_a(struct side *s, const struct info *p)
+{
+    fill(s->buf, MiB, 3);
+    CHECK(post(s, IBV_WR_RDMA_WRITE_WITH_IMM, 1, 0, 65536, p, 4096, p->rkey, 0, 0xabcd) == 0);
+    CHECK(post(s, IBV_WR_RDMA_WRITE_WITH_IMM, 2, 0, 0, p, 0, 0, IBV_SEND_SIGNALED, 7) == 0);
+    expect_wc(s, 2, IBV_WC_SUCCESS); /* the unsignalled first made none */
+    no_more_wc(s, 10);
+}
+
+static void write_imm_b(struct side *s, const struct info *p)
+{
     struct ibv_wc wc;
 
-    open_side(&s, MiB, &dflt);
-    exchange(&s, &p);
-    to_rts(&s, &p, &dflt);
-    if (!is_a()) {
-        post_recv(&s, 100, 0, 0);
-        post_recv(&s, 101, 0, 0);
-    }
-    sync_peer();
-    if (is_a()) {
-        fill(s.buf, MiB, 3);
-        CHECK(post(&s, IBV_WR_RDMA_WRITE_WITH_IMM, 1, 0, 65536, &p, 4096, p.rkey, 0, 0xabcd) == 0);
-        CHECK(post(&s, IBV_WR_RDMA_WRITE_WITH_IMM, 2, 0, 0, &p, 0, 0, IBV_SEND_SIGNALED, 7) == 0);
-        expect_wc(&s, 2, IBV_WC_SUCCESS); /* the unsignalled first made none */
-        no_more_wc(&s, 10);
-    } else {
-        wait_wc(&s, &wc, 10000);
-        CHECK(filled(s.buf + 4096, 65536, 3)); /* data before the CQE */
-        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 100 &&
-              wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && (wc.wc_flags & IBV_WC_WITH_IMM) &&
-              ntohl(wc.imm_data) == 0xabcd && wc.byte_len == 65536 && wc.qp_num == s.qp->qp_num);
-        wait_wc(&s, &wc, 10000);
-        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 101 && wc.byte_len == 0 &&
-              ntohl(wc.imm_data) == 7);
-    }
-    sync_peer();
-    teardown(&s);
-    return 0;
+    wait_wc(s, &wc, 10000);
+    CHECK(filled(s->buf + 4096, 65536, 3)); /* data before the CQE */
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 100 &&
+          wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && (wc.wc_flags & IBV_WC_WITH_IMM) &&
+          ntohl(wc.imm_data) == 0xabcd && wc.byte_len == 65536 && wc.qp_num == s->qp->qp_num);
+    wait_wc(s, &wc, 10000);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 101 && wc.byte_len == 0 &&
+          ntohl(wc.imm_data) == 7);
 }
 
-static int scn_send_recv(void)
+static void send_recv_prep(struct side *s)
 {
-    struct side s;
-    struct info p;
+    struct ibv_sge sg[2] = {{(uintptr_t)s->buf, 100, s->mr->lkey},
+                            {(uintptr_t)s->buf + 1000, 5000, s->mr->lkey}};
+    struct ibv_recv_wr wr = {.wr_id = 10, .sg_list = sg, .num_sge = 2}, *bad;
+
+    if (is_a())
+        return;
+    CHECK(ibv_post_recv(s->qp, &wr, &bad) == 0);
+    post_recv(s, 11, 8192, 64);
+    post_recv(s, 12, 16384, 16);
+}
+
+static void send_recv_a(struct side *s, const struct info *p)
+{
+    fill(s->buf, 8192, 5);
+    CHECK(post(s, IBV_WR_SEND, 1, 0, 3000, NULL, 0, 0, IBV_SEND_SIGNALED, 0) == 0);
+    CHECK(post(s, IBV_WR_SEND_WITH_IMM, 2, 4096, 50, NULL, 0, 0,
+               IBV_SEND_SIGNALED | IBV_SEND_INLINE, 42) == 0);
+    memset(s->buf + 4096, 0, 50); /* inline data was copied at post time */
+    expect_wc(s, 1, IBV_WC_SUCCESS);
+    expect_wc(s, 2, IBV_WC_SUCCESS);
+    sync_peer();
+    /* longer than the posted buffer */
+    CHECK(post(s, IBV_WR_SEND, 3, 0, 17, NULL, 0, 0, IBV_SEND_SIGNALED, 0) == 0);
+    expect_wc(s, 3, IBV_WC_REM_INV_REQ_ERR);
+}
+
+static void send_recv_b(struct side *s, const struct info *p)
+{
+    char want[8192];
     struct ibv_wc wc;
 
-    open_side(&s, MiB, &dflt);
-    exchange(&s, &p);
-    to_rts(&s, &p, &dflt);
-    if (!is_a()) {
-        struct ibv_sge sg[2] = {{(uintptr_t)s.buf, 100, s.mr->lkey},
-                                {(uintptr_t)s.buf + 1000, 5000, s.mr->lkey}};
-        struct ibv_recv_wr wr = {.wr_id = 10, .sg_list = sg, .num_sge = 2}, *bad;
-
-        CHECK(ibv_post_recv(s.qp, &wr, &bad) == 0);
-        post_recv(&s, 11, 8192, 64);
-        post_recv(&s, 12, 16384, 16);
-    }
+    fill(want, sizeof(want), 5);
+    wait_wc(s, &wc, 10000);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 10 && wc.opcode == IBV_WC_RECV &&
+          wc.byte_len == 3000 && !(wc.wc_flags & IBV_WC_WITH_IMM));
+    CHECK(!memcmp(s->buf, want, 100) && !memcmp(s->buf + 1000, want + 100, 2900));
+    wait_wc(s, &wc, 10000);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 11 && wc.byte_len == 50 &&
+          (wc.wc_flags & IBV_WC_WITH_IMM) && ntohl(wc.imm_data) == 42);
+    CHECK(!memcmp(s->buf + 8192, want + 4096, 50));
     sync_peer();
-    if (is_a()) {
-        fill(s.buf, 8192, 5);
-        CHECK(post(&s, IBV_WR_SEND, 1, 0, 3000, NULL, 0, 0, IBV_SEND_SIGNALED, 0) == 0);
-        CHECK(post(&s, IBV_WR_SEND_WITH_IMM, 2, 4096, 50, NULL, 0, 0,
-                   IBV_SEND_SIGNALED | IBV_SEND_INLINE, 42) == 0);
-        memset(s.buf + 4096, 0, 50); /* inline data was copied at post time */
-        expect_wc(&s, 1, IBV_WC_SUCCESS);
-        expect_wc(&s, 2, IBV_WC_SUCCESS);
-        sync_peer();
-        /* longer than the posted buffer */
-        CHECK(post(&s, IBV_WR_SEND, 3, 0, 17, NULL, 0, 0, IBV_SEND_SIGNALED, 0) == 0);
-        expect_wc(&s, 3, IBV_WC_REM_INV_REQ_ERR);
-    } else {
-        char want[8192];
-
-        fill(want, sizeof(want), 5);
-        wait_wc(&s, &wc, 10000);
-        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 10 && wc.opcode == IBV_WC_RECV &&
-              wc.byte_len == 3000 && !(wc.wc_flags & IBV_WC_WITH_IMM));
-        CHECK(!memcmp(s.buf, want, 100) && !memcmp(s.buf + 1000, want + 100, 2900));
-        wait_wc(&s, &wc, 10000);
-        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 11 && wc.byte_len == 50 &&
-              (wc.wc_flags & IBV_WC_WITH_IMM) && ntohl(wc.imm_data) == 42);
-        CHECK(!memcmp(s.buf + 8192, want + 4096, 50));
-        sync_peer();
-        expect_wc(&s, 12, IBV_WC_LOC_LEN_ERR);
-    }
-    sync_peer();
-    teardown(&s);
-    return 0;
+    expect_wc(s, 12, IBV_WC_LOC_LEN_ERR);
 }
 
-static int scn_read(void)
+static void read_prep(struct side *s)
 {
-    struct side s;
-    struct info p;
-
-    open_side(&s, 2 * MiB, &dflt);
     if (!is_a())
-        fill(s.buf, 2 * MiB, 11);
-    exchange(&s, &p);
-    to_rts(&s, &p, &dflt);
-    sync_peer();
-    if (is_a()) {
-        CHECK(post(&s, IBV_WR_RDMA_READ, 1, 4096, (uint32_t)MiB, &p, 0, p.rkey,
-                   IBV_SEND_SIGNALED, 0) == 0);
-        expect_wc(&s, 1, IBV_WC_SUCCESS);
-        CHECK(filled(s.buf + 4096, MiB, 11));
-    }
-    sync_peer();
-    teardown(&s);
-    return 0;
+        fill(s->buf, s->len, 11);
 }
 
-static int scn_signal(void)
+static void read_a(struct side *s, const struct info *p)
 {
-    struct qpopt o = dflt;
-    struct side s;
-    struct info p;
+    CHECK(post(s, IBV_WR_RDMA_READ, 1, 4096, (uint32_t)MiB, p, 0, p->rkey, IBV_SEND_SIGNALED,
+               0) == 0);
+    expect_wc(s, 1, IBV_WC_SUCCESS);
+    CHECK(filled(s->buf + 4096, MiB, 11));
+}
+
+static void sq_10(struct qpopt *o)
+{
+    o->sq = 10;
+}
+
+static void signal_a(struct side *s, const struct info *p)
+{
     struct ibv_wc wc[16];
     int got = 0;
 
-    o.sq = 10;
-    setup(&s, &p, MiB, &o);
-    if (is_a()) {
-        for (int i = 0; i < 10; i++)
-            CHECK(post(&s, IBV_WR_RDMA_WRITE, (uint64_t)i, 0, 128, &p, 0, p.rkey,
-                       i % 5 == 4 ? IBV_SEND_SIGNALED : 0, 0) == 0 || i > 9);
-        /* the queue is full until they complete */
-        {
-            struct ibv_send_wr w2 = {.wr_id = 99, .opcode = IBV_WR_RDMA_WRITE}, w1 = w2, *bad = NULL;
-            int rc;
+    for (int i = 0; i < 10; i++)
+        CHECK(post(s, IBV_WR_RDMA_WRITE, (uint64_t)i, 0, 128, p, 0, p->rkey,
+                   i % 5 == 4 ? IBV_SEND_SIGNALED : 0, 0) == 0 || i > 9);
+    /* the queue is full until they complete */
+    {
+        struct ibv_send_wr w2 = {.wr_id = 99, .opcode = IBV_WR_RDMA_WRITE}, w1 = w2, *bad = NULL;
+        int rc;
 
-            w1.next = &w2;
-            rc = ibv_post_send(s.qp, &w1, &bad);
-            /* either both fit because some completed already, or one bounced */
-            CHECK(rc == 0 || (rc == ENOMEM && (bad == &w1 || bad == &w2)));
-            if (rc == 0 || bad == &w2)
-                got -= rc == 0 ? 2 : 1; /* they make no CQEs: unsignalled */
-        }
-        got = 0;
-        for (uint64_t end = now_ms() + 5000; got < 2 && now_ms() < end;)
-            got += ibv_poll_cq(s.cq, 16 - got, wc + got);
-        CHECK(got == 2 && wc[0].wr_id == 4 && wc[1].wr_id == 9);
-        no_more_wc(&s, 50);
+        w1.next = &w2;
+        rc = ibv_post_send(s->qp, &w1, &bad);
+        /* either both fit because some completed already, or one bounced */
+        CHECK(rc == 0 || (rc == ENOMEM && (bad == &w1 || bad == &w2)));
+        if (rc == 0 || bad == &w2)
+            got -= rc == 0 ? 2 : 1; /* they make no CQEs: unsignalled */
     }
-    sync_peer();
-    teardown(&s);
-    return 0;
+    got = 0;
+    for (uint64_t end = now_ms() + 5000; got < 2 && now_ms() < end;)
+        got += ibv_poll_cq(s->cq, 16 - got, wc + got);
+    CHECK(got == 2 && wc[0].wr_id == 4 && wc[1].wr_id == 9);
+    no_more_wc(s, 50);
 }
 
 /* Full send queue: with the peer stopped nothing completes, so the bound is
  * exact. */
-static int scn_sqfull(void)
+static void sq_4_no_timeout(struct qpopt *o)
 {
-    struct qpopt o = dflt;
-    struct side s;
-    struct info p;
-
-    o.sq = 4;
-    o.timeout = 0; /* never give up while the peer is stopped */
-    setup(&s, &p, MiB, &o);
-    if (is_a()) {
-        struct ibv_send_wr w[6] = {{0}}, *bad = NULL;
-
-        CHECK(kill(p.pid, SIGSTOP) == 0);
-        wait_stopped(p.pid);
-        for (int i = 0; i < 6; i++) {
-            w[i].wr_id = (uint64_t)i;
-            w[i].opcode = IBV_WR_RDMA_WRITE;
-            w[i].send_flags = IBV_SEND_SIGNALED;
-            w[i].next = i < 5 ? &w[i + 1] : NULL;
-        }
-        CHECK(ibv_post_send(s.qp, w, &bad) == ENOMEM && bad == &w[4]);
-        kill(p.pid, SIGCONT);
-        for (int i = 0; i < 4; i++)
-            expect_wc(&s, (uint64_t)i, IBV_WC_SUCCESS);
-    }
-    sync_peer();
-    teardown(&s);
-    return 0;
+    o->sq = 4;
+    o->timeout = 0; /* never give up while the peer is stopped */
 }
 
-static int scn_bad_rkey(void)
+static void sqfull_a(struct side *s, const struct info *p)
 {
-    struct side s;
-    struct info p;
+    struct ibv_send_wr w[6] = {{0}}, *bad = NULL;
 
-    setup(&s, &p, MiB, &dflt);
-    if (is_a()) {
-        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 64, &p, 0, p.rkey, 0, 0) == 0);
-        CHECK(post(&s, IBV_WR_RDMA_WRITE, 2, 0, 64, &p, 0, p.rkey ^ 0x5a5a, 0, 0) == 0);
-        CHECK(post(&s, IBV_WR_RDMA_WRITE, 3, 0, 64, &p, 0, p.rkey, 0, 0) == 0);
-        CHECK(post(&s, IBV_WR_RDMA_READ, 4, 0, 64, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
-        expect_wc(&s, 2, IBV_WC_REM_ACCESS_ERR);
-        expect_wc(&s, 3, IBV_WC_WR_FLUSH_ERR);
-        expect_wc(&s, 4, IBV_WC_WR_FLUSH_ERR);
-        CHECK(post(&s, IBV_WR_RDMA_WRITE, 5, 0, 64, &p, 0, p.rkey, 0, 0) == 0);
-        expect_wc(&s, 5, IBV_WC_WR_FLUSH_ERR);
-    } else {
-        struct ibv_async_event ev;
-
-        CHECK(ibv_get_async_event(s.ctx, &ev) == 0);
-        CHECK(ev.event_type == IBV_EVENT_QP_ACCESS_ERR && ev.element.qp == s.qp);
-        ibv_ack_async_event(&ev);
+    CHECK(kill(p->pid, SIGSTOP) == 0);
+    wait_stopped(p->pid);
+    for (int i = 0; i < 6; i++) {
+        w[i].wr_id = (uint64_t)i;
+        w[i].opcode = IBV_WR_RDMA_WRITE;
+        w[i].send_flags = IBV_SEND_SIGNALED;
+        w[i].next = i < 5 ? &w[i + 1] : NULL;
     }
-    sync_peer();
-    teardown(&s);
-    return 0;
+    CHECK(ibv_post_send(s->qp, w, &bad) == ENOMEM && bad == &w[4]);
+    kill(p->pid, SIGCONT);
+    for (int i = 0; i < 4; i++)
+        expect_wc(s, (uint64_t)i, IBV_WC_SUCCESS);
 }
 
-/* mode 0: past the end of the MR; 1: read without REMOTE_READ; 2: local
- * SGE with a bad lkey. */
-static int scn_access(int mode)
+static void bad_rkey_a(struct side *s, const struct info *p)
 {
-    struct qpopt o = dflt;
-    struct side s;
-    struct info p;
-
-    if (mode == 1)
-        o.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-    setup(&s, &p, MiB, &o);
-    if (is_a()) {
-        if (mode == 0)
-            CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 8192, &p, MiB - 4096, p.rkey, 0, 0) == 0);
-        else if (mode == 1)
-            CHECK(post(&s, IBV_WR_RDMA_READ, 1, 0, 64, &p, 0, p.rkey, 0, 0) == 0);
-        else {
-            lkey_xor = 1;
-            CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 64, &p, 0, p.rkey, 0, 0) == 0);
-            lkey_xor = 0;
-        }
-        expect_wc(&s, 1, mode == 2 ? IBV_WC_LOC_PROT_ERR : IBV_WC_REM_ACCESS_ERR);
-    }
-    sync_peer();
-    teardown(&s);
-    return 0;
+    write_64(s, p, 1, 0);
+    CHECK(post(s, IBV_WR_RDMA_WRITE, 2, 0, 64, p, 0, p->rkey ^ 0x5a5a, 0, 0) == 0);
+    write_64(s, p, 3, 0);
+    CHECK(post(s, IBV_WR_RDMA_READ, 4, 0, 64, p, 0, p->rkey, IBV_SEND_SIGNALED, 0) == 0);
+    expect_wc(s, 2, IBV_WC_REM_ACCESS_ERR);
+    expect_wc(s, 3, IBV_WC_WR_FLUSH_ERR);
+    expect_wc(s, 4, IBV_WC_WR_FLUSH_ERR);
+    write_64(s, p, 5, 0);
+    expect_wc(s, 5, IBV_WC_WR_FLUSH_ERR);
 }
 
-static int scn_rnr(void)
+/* The next async event: of type want, on s's QP or port 1. */
+static void expect_async(struct side *s, enum ibv_event_type want)
 {
-    struct qpopt o = dflt;
-    struct side s;
-    struct info p;
+    struct ibv_async_event ev;
 
-    o.rnr_retry = 2;
-    o.min_rnr = 14; /* 1.28 ms */
-    setup(&s, &p, MiB, &o);
-    if (is_a()) {
-        CHECK(post(&s, IBV_WR_SEND, 1, 0, 64, NULL, 0, 0, IBV_SEND_SIGNALED, 0) == 0);
-        expect_wc(&s, 1, IBV_WC_RNR_RETRY_EXC_ERR);
-    }
-    sync_peer();
-    teardown(&s);
-    return 0;
+    CHECK(ibv_get_async_event(s->ctx, &ev) == 0);
+    CHECK(ev.event_type == want &&
+          (want == IBV_EVENT_PORT_ERR ? ev.element.port_num == 1 : ev.element.qp == s->qp));
+    ibv_ack_async_event(&ev);
+}
+
+static void bad_rkey_b(struct side *s, const struct info *p)
+{
+    expect_async(s, IBV_EVENT_QP_ACCESS_ERR);
+}
+
+/* Writes past the end of the MR, reads without REMOTE_READ, a local SGE
+ * with a bad lkey. */
+static void past_mr_end_a(struct side *s, const struct info *p)
+{
+    CHECK(post(s, IBV_WR_RDMA_WRITE, 1, 0, 8192, p, MiB - 4096, p->rkey, 0, 0) == 0);
+    expect_wc(s, 1, IBV_WC_REM_ACCESS_ERR);
+}
+
+static void no_remote_read(struct qpopt *o)
+{
+    o->access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+}
+
+static void read_refused_a(struct side *s, const struct info *p)
+{
+    CHECK(post(s, IBV_WR_RDMA_READ, 1, 0, 64, p, 0, p->rkey, 0, 0) == 0);
+    expect_wc(s, 1, IBV_WC_REM_ACCESS_ERR);
+}
+
+static void bad_lkey_a(struct side *s, const struct info *p)
+{
+    lkey_xor = 1;
+    write_64(s, p, 1, 0);
+    lkey_xor = 0;
+    expect_wc(s, 1, IBV_WC_LOC_PROT_ERR);
+}
+
+static void rnr_2_retries(struct qpopt *o)
+{
+    o->rnr_retry = 2;
+    o->min_rnr = 14; /* 1.28 ms */
+}
+
+static void rnr_a(struct side *s, const struct info *p)
+{
+    CHECK(post(s, IBV_WR_SEND, 1, 0, 64, NULL, 0, 0, IBV_SEND_SIGNALED, 0) == 0);
+    expect_wc(s, 1, IBV_WC_RNR_RETRY_EXC_ERR);
 }
 
 /* RNR then a late recv: the retried SEND lands. */
-static int scn_rnr_late(void)
+static void rnr_10ms(struct qpopt *o)
 {
-    struct qpopt o = dflt;
-    struct side s;
-    struct info p;
+    o->min_rnr = 20; /* 10 ms */
+}
+
+static void rnr_late_a(struct side *s, const struct info *p)
+{
+    fill(s->buf, 64, 9);
+    CHECK(post(s, IBV_WR_SEND, 1, 0, 64, NULL, 0, 0, IBV_SEND_SIGNALED, 0) == 0);
+    expect_wc(s, 1, IBV_WC_SUCCESS);
+}
+
+static void rnr_late_b(struct side *s, const struct info *p)
+{
     struct ibv_wc wc;
 
-    o.min_rnr = 20; /* 10 ms */
-    setup(&s, &p, MiB, &o);
-    if (is_a()) {
-        fill(s.buf, 64, 9);
-        CHECK(post(&s, IBV_WR_SEND, 1, 0, 64, NULL, 0, 0, IBV_SEND_SIGNALED, 0) == 0);
-        expect_wc(&s, 1, IBV_WC_SUCCESS);
-    } else {
-        usleep(100000);
-        post_recv(&s, 5, 0, 64);
-        wait_wc(&s, &wc, 10000);
-        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 5 && filled(s.buf, 64, 9));
-    }
-    sync_peer();
-    teardown(&s);
-    return 0;
+    usleep(100000);
+    post_recv(s, 5, 0, 64);
+    wait_wc(s, &wc, 10000);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 5 && filled(s->buf, 64, 9));
 }
 
-static int scn_killed(void)
+/* b is killed before a's writes... */
+static void killed_a(struct side *s, const struct info *p)
 {
-    struct side s;
-    struct info p;
+    uint64_t t0, dt;
 
-    setup(&s, &p, MiB, &dflt);
-    if (is_a()) {
-        uint64_t t0, dt;
-
-        CHECK(kill(p.pid, SIGKILL) == 0);
-        usleep(100000);
-        t0 = now_ms();
-        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 64, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
-        CHECK(post(&s, IBV_WR_RDMA_WRITE, 2, 0, 64, &p, 0, p.rkey, 0, 0) == 0);
-        expect_wc(&s, 1, IBV_WC_RETRY_EXC_ERR);
-        dt = now_ms() - t0;
-        /* 4.096 us * 2^14 * (2 + 1) = 201 ms */
-        fprintf(stderr, "peer a: RETRY_EXC_ERR after %llu ms\n", (unsigned long long)dt);
-        CHECK(dt >= 190 && dt < 1500);
-        expect_wc(&s, 2, IBV_WC_WR_FLUSH_ERR);
-        teardown(&s);
-    } else {
-        for (;;)
-            pause();
-    }
-    return 0;
+    CHECK(kill(p->pid, SIGKILL) == 0);
+    usleep(100000);
+    t0 = now_ms();
+    write_64(s, p, 1, IBV_SEND_SIGNALED);
+    write_64(s, p, 2, 0);
+    expect_wc(s, 1, IBV_WC_RETRY_EXC_ERR);
+    dt = now_ms() - t0;
+    /* 4.096 us * 2^14 * (2 + 1) = 201 ms */
+    fprintf(stderr, "peer a: RETRY_EXC_ERR after %llu ms\n", (unsigned long long)dt);
+    CHECK(dt >= 190 && dt < 1500);
+    expect_wc(s, 2, IBV_WC_WR_FLUSH_ERR);
 }
 
-/* Peer dies with our requests already on its socket. */
-static int scn_killed_inflight(void)
+/* ... or dies with them already on its socket. */
+static void killed_inflight_a(struct side *s, const struct info *p)
 {
-    struct side s;
-    struct info p;
-
-    setup(&s, &p, MiB, &dflt);
-    if (is_a()) {
-        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 64, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
-        expect_wc(&s, 1, IBV_WC_SUCCESS); /* connected */
-        CHECK(kill(p.pid, SIGSTOP) == 0);
-        wait_stopped(p.pid);
-        CHECK(post(&s, IBV_WR_RDMA_WRITE, 2, 0, 64, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
-        usleep(20000);
-        CHECK(kill(p.pid, SIGKILL) == 0);
-        expect_wc(&s, 2, IBV_WC_RETRY_EXC_ERR);
-        teardown(&s);
-    } else {
-        for (;;)
-            pause();
-    }
-    return 0;
+    write_64_ms(s, p, IBV_WC_SUCCESS); /* connected */
+    CHECK(kill(p->pid, SIGSTOP) == 0);
+    wait_stopped(p->pid);
+    write_64(s, p, 2, IBV_SEND_SIGNALED);
+    usleep(20000);
+    CHECK(kill(p->pid, SIGKILL) == 0);
+    expect_wc(s, 2, IBV_WC_RETRY_EXC_ERR);
 }
 
-static int scn_wrong_qpn(void)
+/* a's QP points at a QP number nobody has, or somebody who does not
+ * expect it (qpn_xor). */
+static void wrong_qpn_a(struct side *s, const struct info *p)
 {
-    struct side s;
-    struct info p;
-
-    open_side(&s, MiB, &dflt);
-    exchange(&s, &p);
-    if (is_a())
-        p.qpn ^= 0x800001; /* nobody, or somebody who does not expect us */
-    to_rts(&s, &p, &dflt);
-    sync_peer();
-    if (is_a()) {
-        uint64_t t0 = now_ms();
-
-        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 64, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
-        expect_wc(&s, 1, IBV_WC_RETRY_EXC_ERR);
-        CHECK(now_ms() - t0 >= 190);
-        /* and the right QP number with a GID that is not the peer's */
-    }
-    sync_peer();
-    teardown(&s);
-    return 0;
+    CHECK(write_64_ms(s, p, IBV_WC_RETRY_EXC_ERR) >= 190);
 }
 
-static int scn_channel(void)
+static void with_channel(struct qpopt *o)
 {
-    struct qpopt o = dflt;
-    struct side s;
-    struct info p;
+    o->channel = true;
+}
 
-    o.channel = true;
-    open_side(&s, MiB, &o);
-    exchange(&s, &p);
-    to_rts(&s, &p, &o);
+static void recv_77_on_b(struct side *s)
+{
     if (!is_a())
-        post_recv(&s, 77, 0, 64);
-    sync_peer();
-    if (is_a()) {
-        sync_peer();
-        CHECK(post(&s, IBV_WR_SEND, 1, 0, 64, NULL, 0, 0, IBV_SEND_SIGNALED, 0) == 0);
-        expect_wc(&s, 1, IBV_WC_SUCCESS);
-    } else {
-        struct pollfd pfd = {.fd = s.ch->fd, .events = POLLIN};
-        struct ibv_cq *cq;
-        void *cqctx;
-        struct ibv_wc wc;
-
-        CHECK(fcntl(s.ch->fd, F_SETFL, fcntl(s.ch->fd, F_GETFL) | O_NONBLOCK) == 0);
-        CHECK(ibv_req_notify_cq(s.cq, 0) == 0);
-        errno = 0;
-        CHECK(ibv_get_cq_event(s.ch, &cq, &cqctx) == -1 && errno == EAGAIN);
-        sync_peer();
-        CHECK(poll(&pfd, 1, 10000) == 1);
-        CHECK(ibv_get_cq_event(s.ch, &cq, &cqctx) == 0 && cq == s.cq && cqctx == &s);
-        CHECK(ibv_get_cq_event(s.ch, &cq, &cqctx) == -1 && errno == EAGAIN);
-        CHECK(ibv_poll_cq(s.cq, 1, &wc) == 1 && wc.wr_id == 77);
-        CHECK(ibv_destroy_qp(s.qp) == 0);
-        CHECK(ibv_destroy_cq(s.cq) == EBUSY); /* event not acknowledged */
-        ibv_ack_cq_events(s.cq, 1);
-        s.qp = NULL;
-        CHECK(ibv_destroy_comp_channel(s.ch) == EBUSY);
-    }
-    sync_peer();
-    if (s.qp)
-        CHECK(ibv_destroy_qp(s.qp) == 0);
-    CHECK(ibv_dereg_mr(s.mr) == 0);
-    CHECK(ibv_destroy_cq(s.cq) == 0);
-    CHECK(ibv_destroy_comp_channel(s.ch) == 0);
-    CHECK(ibv_dealloc_pd(s.pd) == 0);
-    CHECK(ibv_close_device(s.ctx) == 0);
-    free(s.buf);
-    return 0;
+        post_recv(s, 77, 0, 64);
 }
 
-/* WEFT_SOFTVERBS_FAULT=fail=3:rem_access@0 on a (WEFT_RANK=0), ignored by b
- * (WEFT_RANK=1) */
-static int scn_fault_fail(void)
+static void channel_a(struct side *s, const struct info *p)
 {
-    struct side s;
-    struct info p;
-
-    setup(&s, &p, MiB, &dflt);
-    if (is_a()) {
-        for (int i = 1; i <= 5; i++)
-            CHECK(post(&s, IBV_WR_RDMA_WRITE, (uint64_t)i, 0, 64, &p, 0, p.rkey,
-                       i == 1 ? IBV_SEND_SIGNALED : 0, 0) == 0);
-        expect_wc(&s, 1, IBV_WC_SUCCESS);
-        expect_wc(&s, 3, IBV_WC_REM_ACCESS_ERR);
-        expect_wc(&s, 4, IBV_WC_WR_FLUSH_ERR);
-        expect_wc(&s, 5, IBV_WC_WR_FLUSH_ERR);
-        sync_peer();
-    } else {
-        sync_peer();
-        for (int i = 1; i <= 5; i++)
-            CHECK(post(&s, IBV_WR_RDMA_WRITE, (uint64_t)i, 0, 64, &p, 0, p.rkey,
-                       IBV_SEND_SIGNALED, 0) == 0);
-        /* a's QP is in error now: our requests are dropped */
-        expect_wc(&s, 1, IBV_WC_RETRY_EXC_ERR);
-    }
     sync_peer();
-    teardown(&s);
-    return 0;
+    CHECK(post(s, IBV_WR_SEND, 1, 0, 64, NULL, 0, 0, IBV_SEND_SIGNALED, 0) == 0);
+    expect_wc(s, 1, IBV_WC_SUCCESS);
 }
 
-static int scn_fault_delay(void)
+/* A non-blocking channel: no event until the completion, one then; and
+ * what holds up destroying the CQ and the channel. */
+static void channel_b(struct side *s, const struct info *p)
 {
-    struct side s;
-    struct info p;
+    struct pollfd pfd = {.fd = s->ch->fd, .events = POLLIN};
+    struct ibv_cq *cq;
+    void *cqctx;
+    struct ibv_wc wc;
 
-    setup(&s, &p, MiB, &dflt);
-    if (is_a()) {
-        uint64_t t0 = now_ms();
-
-        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 64, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
-        expect_wc(&s, 1, IBV_WC_SUCCESS);
-        CHECK(now_ms() - t0 >= 300);
-    }
+    CHECK(fcntl(s->ch->fd, F_SETFL, fcntl(s->ch->fd, F_GETFL) | O_NONBLOCK) == 0);
+    CHECK(ibv_req_notify_cq(s->cq, 0) == 0);
+    errno = 0;
+    CHECK(ibv_get_cq_event(s->ch, &cq, &cqctx) == -1 && errno == EAGAIN);
     sync_peer();
-    teardown(&s);
-    return 0;
+    CHECK(poll(&pfd, 1, 10000) == 1);
+    CHECK(ibv_get_cq_event(s->ch, &cq, &cqctx) == 0 && cq == s->cq && cqctx == s);
+    CHECK(ibv_get_cq_event(s->ch, &cq, &cqctx) == -1 && errno == EAGAIN);
+    CHECK(ibv_poll_cq(s->cq, 1, &wc) == 1 && wc.wr_id == 77);
+    CHECK(ibv_destroy_qp(s->qp) == 0);
+    s->qp = NULL;
+    CHECK(ibv_destroy_cq(s->cq) == EBUSY); /* event not acknowledged */
+    ibv_ack_cq_events(s->cq, 1);
+    CHECK(ibv_destroy_comp_channel(s->ch) == EBUSY);
 }
 
-static int scn_fault_kill_qp(void)
+/* Five writes, the first signalled, on a whose device fails the third
+ * (WEFT_SOFTVERBS_FAULT=fail=3:rem_access@0 with WEFT_RANK=0; b, rank 1,
+ * ignores it): the rest flush and b's requests go unanswered. */
+static void fault_fail_a(struct side *s, const struct info *p)
 {
-    struct side s;
-    struct info p;
-
-    setup(&s, &p, MiB, &dflt);
-    if (is_a()) {
-        struct ibv_async_event ev;
-
-        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 64, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
-        expect_wc(&s, 1, IBV_WC_SUCCESS);
-        CHECK(post(&s, IBV_WR_RDMA_WRITE, 2, 0, 64, &p, 0, p.rkey, 0, 0) == 0);
-        CHECK(post(&s, IBV_WR_RDMA_WRITE, 3, 0, 64, &p, 0, p.rkey, 0, 0) == 0);
-        expect_wc(&s, 2, IBV_WC_WR_FLUSH_ERR);
-        expect_wc(&s, 3, IBV_WC_WR_FLUSH_ERR);
-        CHECK(ibv_get_async_event(s.ctx, &ev) == 0);
-        CHECK(ev.event_type == IBV_EVENT_QP_FATAL && ev.element.qp == s.qp);
-        ibv_ack_async_event(&ev);
-        sync_peer();
-    } else {
-        sync_peer();
-        CHECK(post(&s, IBV_WR_RDMA_WRITE, 1, 0, 64, &p, 0, p.rkey, IBV_SEND_SIGNALED, 0) == 0);
-        expect_wc(&s, 1, IBV_WC_RETRY_EXC_ERR);
-    }
+    for (int i = 1; i <= 5; i++)
+        write_64(s, p, (uint64_t)i, i == 1 ? IBV_SEND_SIGNALED : 0);
+    expect_wc(s, 1, IBV_WC_SUCCESS);
+    expect_wc(s, 3, IBV_WC_REM_ACCESS_ERR);
+    expect_wc(s, 4, IBV_WC_WR_FLUSH_ERR);
+    expect_wc(s, 5, IBV_WC_WR_FLUSH_ERR);
     sync_peer();
-    teardown(&s);
-    return 0;
 }
 
-static int scn_fault_port_down(void)
+static void fault_fail_b(struct side *s, const struct info *p)
 {
-    struct side s;
-    struct info p;
-
-    open_side(&s, MiB, &dflt);
-    exchange(&s, &p);
-    to_rts(&s, &p, &dflt);
-    post_recv(&s, 9, 0, 64);
     sync_peer();
-    if (is_a()) {
-        struct ibv_async_event ev;
-        struct ibv_port_attr pa;
-        struct ibv_qp_attr qa;
-        struct ibv_qp_init_attr ia;
-
-        CHECK(ibv_get_async_event(s.ctx, &ev) == 0);
-        CHECK(ev.event_type == IBV_EVENT_PORT_ERR && ev.element.port_num == 1);
-        ibv_ack_async_event(&ev);
-        CHECK(ibv_query_port(s.ctx, 1, &pa) == 0 && pa.state == IBV_PORT_DOWN);
-        CHECK(ibv_query_qp(s.qp, &qa, IBV_QP_STATE, &ia) == 0 && qa.qp_state == IBV_QPS_ERR);
-        expect_wc(&s, 9, IBV_WC_WR_FLUSH_ERR);
-    }
-    sync_peer();
-    teardown(&s);
-    return 0;
+    for (int i = 1; i <= 5; i++)
+        write_64(s, p, (uint64_t)i, IBV_SEND_SIGNALED);
+    /* a's QP is in error now: our requests are dropped */
+    expect_wc(s, 1, IBV_WC_RETRY_EXC_ERR);
 }
+
+/* WEFT_SOFTVERBS_FAULT=delay=300000 on a. */
+static void fault_delay_a(struct side *s, const struct info *p)
+{
+    CHECK(write_64_ms(s, p, IBV_WC_SUCCESS) >= 300);
+}
+
+/* WEFT_SOFTVERBS_FAULT=kill_qp=2 on a. */
+static void fault_kill_qp_a(struct side *s, const struct info *p)
+{
+    write_64_ms(s, p, IBV_WC_SUCCESS);
+    write_64(s, p, 2, 0);
+    write_64(s, p, 3, 0);
+    expect_wc(s, 2, IBV_WC_WR_FLUSH_ERR);
+    expect_wc(s, 3, IBV_WC_WR_FLUSH_ERR);
+    expect_async(s, IBV_EVENT_QP_FATAL);
+    sync_peer();
+}
+
+static void fault_kill_qp_b(struct side *s, const struct info *p)
+{
+    sync_peer();
+    write_64_ms(s, p, IBV_WC_RETRY_EXC_ERR);
+}
+
+/* WEFT_SOFTVERBS_FAULT=port_down=300 on a. */
+static void recv_9(struct side *s)
+{
+    post_recv(s, 9, 0, 64);
+}
+
+static void fault_port_down_a(struct side *s, const struct info *p)
+{
+    struct ibv_port_attr pa;
+    struct ibv_qp_attr qa;
+    struct ibv_qp_init_attr ia;
+
+    expect_async(s, IBV_EVENT_PORT_ERR);
+    CHECK(ibv_query_port(s->ctx, 1, &pa) == 0 && pa.state == IBV_PORT_DOWN);
+    CHECK(ibv_query_qp(s->qp, &qa, IBV_QP_STATE, &ia) == 0 && qa.qp_state == IBV_QPS_ERR);
+    expect_wc(s, 9, IBV_WC_WR_FLUSH_ERR);
+}
+
+/*
+ * A scenario a peer runs, by name.  run, where set, is the whole of it.
+ * passive and active, where set, are b's and a's parts of a connection
+ * through the connection manager (cm_pair).  Otherwise peers a and b each
+ * have one RC QP connected to the other's, and run_qp_pair does the rest:
+ * opens each side with len bytes registered (0: 1 MiB) and dflt changed by
+ * tune, exchanges what the peers need to know (a XORs b's QP number with
+ * qpn_xor), takes the QPs to RTS, runs prep on both sides, puts them in
+ * step, runs a and b, puts them in step again and closes.
+ */
+struct scenario {
+    const char *name;
+    int (*run)(void);
+    size_t len;
+    void (*tune)(struct qpopt *o);
+    uint32_t qpn_xor;
+    void (*prep)(struct side *s);
+    void (*a)(struct side *s, const struct info *p);
+    void (*b)(struct side *s, const struct info *p);
+    bool b_dies; /* b waits to be killed; a ends alone */
+    void (*passive)(struct rdma_event_channel *ch, struct rdma_cm_id *l);
+    void (*active)(struct rdma_event_channel *ch, const char *ip, uint16_t port);
+};
 
 /* ---- connection manager ---- */
 
@@ -1274,217 +1163,258 @@ static int scn_cm_basic(void)
     return 0;
 }
 
-/* Listen, resolve, connect, accept; a WRITE WITH IMM over the QPs; then a
- * disconnects and both sides hear of it. */
-static int scn_cm_connect(void)
+/* ---- connection manager pairs: b listens, a dials ---- */
+
+/* Frees what cm_qp made, and the id. */
+static void cm_close(struct cm_side *s)
+{
+    cm_qp_free(s);
+    CHECK(rdma_destroy_id(s->id) == 0);
+}
+
+/* b's side of a connection: the request with priv, a QP (recv_id's
+ * receive posted on it, 0: none), the accept with cp (NULL: none) that
+ * offers our buffer, then ESTABLISHED. */
+static void cm_accept(struct cm_side *s, struct rdma_event_channel *ch, struct rdma_cm_id *l,
+                      const char *priv, const struct rdma_conn_param *cp, uint64_t recv_id)
+{
+    struct rdma_cm_id *id = cm_request(ch, l, priv);
+    struct rdma_conn_param offer = cp ? *cp : (struct rdma_conn_param){0};
+    struct cm_offer o;
+    struct rdma_cm_event *ev;
+
+    cm_qp(s, id);
+    if (recv_id)
+        post_recv(&(struct side){.qp = id->qp, .buf = s->buf, .mr = s->mr}, recv_id, 0, 0);
+    o = (struct cm_offer){.addr = (uintptr_t)s->buf, .rkey = s->mr->rkey, .pid = getpid()};
+    offer.private_data = &o;
+    offer.private_data_len = sizeof(o);
+    CHECK(rdma_accept(id, cp ? &offer : NULL) == 0);
+    ev = cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000);
+    CHECK(ev->id == id && ev->listen_id == NULL);
+    rdma_ack_cm_event(ev);
+}
+
+/* a's side: dials ip:port with priv up to ESTABLISHED; returns b's offer
+ * (zeros where b made none). */
+static struct cm_offer cm_connect(struct cm_side *s, struct rdma_event_channel *ch,
+                                  const char *ip, uint16_t port, const char *priv)
+{
+    struct cm_offer o;
+    struct rdma_cm_event *ev;
+
+    cm_dial(s, ch, ip, port, priv);
+    ev = cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000);
+    CHECK(ev->id == s->id && ev->param.conn.private_data_len == 196);
+    memcpy(&o, ev->param.conn.private_data, sizeof(o));
+    rdma_ack_cm_event(ev);
+    return o;
+}
+
+/* The next event is DISCONNECTED, on s's id. */
+static void cm_disconnected(struct cm_side *s, struct rdma_event_channel *ch, int ms)
+{
+    struct rdma_cm_event *ev = cm_expect(ch, RDMA_CM_EVENT_DISCONNECTED, ms);
+
+    CHECK(ev->id == s->id);
+    rdma_ack_cm_event(ev);
+}
+
+/* A signalled RDMA WRITE WITH IMM of the first len bytes of s's buffer to
+ * the peer's addr; returns its completion. */
+static struct ibv_wc cm_write_imm(struct cm_side *s, uint64_t wr_id, uint32_t len,
+                                  uint64_t addr, uint32_t rkey, uint32_t imm)
+{
+    struct ibv_sge sg = {(uintptr_t)s->buf, len, s->mr->lkey};
+    struct ibv_send_wr wr = {.wr_id = wr_id, .sg_list = &sg, .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+                             .send_flags = IBV_SEND_SIGNALED, .imm_data = htonl(imm)},
+                       *bad;
+
+    wr.wr.rdma.remote_addr = addr;
+    wr.wr.rdma.rkey = rkey;
+    CHECK(ibv_post_send(s->id->qp, &wr, &bad) == 0);
+    return cm_wc(s);
+}
+
+/* b listens on ip and tells a the port; then b runs passive, a active. */
+static int cm_pair(const char *ip,
+                   void (*passive)(struct rdma_event_channel *ch, struct rdma_cm_id *l),
+                   void (*active)(struct rdma_event_channel *ch, const char *ip, uint16_t port))
 {
     struct rdma_event_channel *ch = cm_channel();
-    struct cm_side s = {0};
-    struct rdma_cm_event *ev;
-    struct ibv_wc wc;
 
     if (!is_a()) {
-        struct rdma_cm_id *l = cm_listen(ch, "127.0.0.1", &s), *id;
-        struct cm_offer o;
-        struct rdma_conn_param cp = {.private_data = &o, .private_data_len = sizeof(o),
-                                     .responder_resources = 1, .initiator_depth = 1,
-                                     .rnr_retry_count = 7};
+        struct rdma_cm_id *l = cm_listen(ch, ip, ch); /* ids it spawns inherit ch */
 
-        id = cm_request(ch, l, "weft-cm-hello");
-        cm_qp(&s, id);
-        post_recv(&(struct side){.qp = id->qp, .buf = s.buf, .mr = s.mr}, 55, 0, 0);
-        o.addr = (uintptr_t)s.buf;
-        o.rkey = s.mr->rkey;
-        o.pid = getpid();
-        CHECK(rdma_accept(id, &cp) == 0);
-        ev = cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000);
-        CHECK(ev->id == id && ev->listen_id == NULL);
-        rdma_ack_cm_event(ev);
-        wc = cm_wc(&s);
-        CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 55 &&
-              wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && ntohl(wc.imm_data) == 0xc0ffee &&
-              wc.byte_len == 65536 && filled(s.buf + 4096, 65536, 11));
-        ev = cm_expect(ch, RDMA_CM_EVENT_DISCONNECTED, 10000);
-        CHECK(ev->id == id);
-        rdma_ack_cm_event(ev);
-        CHECK(rdma_disconnect(id) == 0); /* answers; no second event */
-        cm_no_event(ch, 50);
-        cm_qp_free(&s);
-        CHECK(rdma_destroy_id(id) == 0);
+        passive(ch, l);
         CHECK(rdma_destroy_id(l) == 0);
     } else {
-        struct cm_offer o;
         uint16_t port;
-        struct ibv_sge sg;
-        struct ibv_send_wr wr = {0}, *bad;
 
         full_io(false, &port, sizeof(port));
-        cm_dial(&s, ch, "127.0.0.1", port, "weft-cm-hello");
-        ev = cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000);
-        CHECK(ev->id == s.id && ev->param.conn.private_data_len == 196);
-        memcpy(&o, ev->param.conn.private_data, sizeof(o));
-        rdma_ack_cm_event(ev);
-        CHECK(((struct sockaddr_in *)rdma_get_peer_addr(s.id))->sin_port == port);
-        fill(s.buf, 65536, 11);
-        sg = (struct ibv_sge){(uintptr_t)s.buf, 65536, s.mr->lkey};
-        wr.wr_id = 9;
-        wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-        wr.send_flags = IBV_SEND_SIGNALED;
-        wr.sg_list = &sg;
-        wr.num_sge = 1;
-        wr.imm_data = htonl(0xc0ffee);
-        wr.wr.rdma.remote_addr = o.addr + 4096;
-        wr.wr.rdma.rkey = o.rkey;
-        CHECK(ibv_post_send(s.id->qp, &wr, &bad) == 0);
-        wc = cm_wc(&s);
-        CHECK(wc.wr_id == 9 && wc.status == IBV_WC_SUCCESS);
-        CHECK(rdma_disconnect(s.id) == 0);
-        ev = cm_expect(ch, RDMA_CM_EVENT_DISCONNECTED, 10000);
-        CHECK(ev->id == s.id);
-        rdma_ack_cm_event(ev);
-        /* the QP went to ERR: new work flushes */
-        wr.wr_id = 10;
-        CHECK(ibv_post_send(s.id->qp, &wr, &bad) == 0);
-        wc = cm_wc(&s);
-        CHECK(wc.wr_id == 10 && wc.status == IBV_WC_WR_FLUSH_ERR);
-        cm_qp_free(&s);
-        CHECK(rdma_destroy_id(s.id) == 0);
+        active(ch, ip, port);
     }
     rdma_destroy_event_channel(ch);
     return 0;
 }
 
-static int scn_cm_reject(void)
+/* Listen, resolve, connect, accept; a WRITE WITH IMM over the QPs; then a
+ * disconnects and both sides hear of it. */
+static void connect_b(struct rdma_event_channel *ch, struct rdma_cm_id *l)
 {
-    struct rdma_event_channel *ch = cm_channel();
+    struct rdma_conn_param cp = {.responder_resources = 1, .initiator_depth = 1,
+                                 .rnr_retry_count = 7};
+    struct cm_side s = {0};
+    struct ibv_wc wc;
+
+    cm_accept(&s, ch, l, "weft-cm-hello", &cp, 55);
+    wc = cm_wc(&s);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 55 &&
+          wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && ntohl(wc.imm_data) == 0xc0ffee &&
+          wc.byte_len == 65536 && filled(s.buf + 4096, 65536, 11));
+    cm_disconnected(&s, ch, 10000);
+    CHECK(rdma_disconnect(s.id) == 0); /* answers; no second event */
+    cm_no_event(ch, 50);
+    cm_close(&s);
+}
+
+static void connect_a(struct rdma_event_channel *ch, const char *ip, uint16_t port)
+{
+    struct cm_side s = {0};
+    struct cm_offer o = cm_connect(&s, ch, ip, port, "weft-cm-hello");
+    struct ibv_wc wc;
+
+    CHECK(((struct sockaddr_in *)rdma_get_peer_addr(s.id))->sin_port == port);
+    fill(s.buf, 65536, 11);
+    wc = cm_write_imm(&s, 9, 65536, o.addr + 4096, o.rkey, 0xc0ffee);
+    CHECK(wc.wr_id == 9 && wc.status == IBV_WC_SUCCESS);
+    CHECK(rdma_disconnect(s.id) == 0);
+    cm_disconnected(&s, ch, 10000);
+    /* the QP went to ERR: new work flushes */
+    wc = cm_write_imm(&s, 10, 65536, o.addr + 4096, o.rkey, 0xc0ffee);
+    CHECK(wc.wr_id == 10 && wc.status == IBV_WC_WR_FLUSH_ERR);
+    cm_close(&s);
+}
+
+static const char reject_no[] = "not today";
+
+static void reject_b(struct rdma_event_channel *ch, struct rdma_cm_id *l)
+{
+    struct rdma_cm_id *id = cm_request(ch, l, "please");
+
+    CHECK(rdma_reject(id, reject_no, sizeof(reject_no)) == 0);
+    CHECK(rdma_accept(id, NULL) == -1 && errno == EINVAL);
+    sync_peer();
+    cm_no_event(ch, 10);
+    CHECK(rdma_destroy_id(id) == 0);
+}
+
+static void reject_a(struct rdma_event_channel *ch, const char *ip, uint16_t port)
+{
     struct cm_side s = {0};
     struct rdma_cm_event *ev;
-    static const char no[] = "not today";
+    struct ibv_qp_attr qa;
+    struct ibv_qp_init_attr qia;
 
-    if (!is_a()) {
-        struct rdma_cm_id *l = cm_listen(ch, "127.0.0.1", NULL), *id;
-
-        id = cm_request(ch, l, "please");
-        CHECK(rdma_reject(id, no, sizeof(no)) == 0);
-        CHECK(rdma_accept(id, NULL) == -1 && errno == EINVAL);
-        sync_peer();
-        cm_no_event(ch, 10);
-        CHECK(rdma_destroy_id(id) == 0);
-        CHECK(rdma_destroy_id(l) == 0);
-    } else {
-        uint16_t port;
-        struct ibv_qp_attr qa;
-        struct ibv_qp_init_attr qia;
-
-        full_io(false, &port, sizeof(port));
-        cm_dial(&s, ch, "127.0.0.1", port, "please");
-        ev = cm_expect(ch, RDMA_CM_EVENT_REJECTED, 10000);
-        CHECK(ev->id == s.id && ev->status == 28 && ev->param.conn.private_data_len == 148 &&
-              !memcmp(ev->param.conn.private_data, no, sizeof(no)));
-        rdma_ack_cm_event(ev);
-        CHECK(ibv_query_qp(s.id->qp, &qa, IBV_QP_STATE, &qia) == 0 &&
-              qa.qp_state == IBV_QPS_ERR);
-        sync_peer();
-        cm_qp_free(&s);
-        CHECK(rdma_destroy_id(s.id) == 0);
-    }
-    rdma_destroy_event_channel(ch);
-    return 0;
+    cm_dial(&s, ch, ip, port, "please");
+    ev = cm_expect(ch, RDMA_CM_EVENT_REJECTED, 10000);
+    CHECK(ev->id == s.id && ev->status == 28 && ev->param.conn.private_data_len == 148 &&
+          !memcmp(ev->param.conn.private_data, reject_no, sizeof(reject_no)));
+    rdma_ack_cm_event(ev);
+    CHECK(ibv_query_qp(s.id->qp, &qa, IBV_QP_STATE, &qia) == 0 && qa.qp_state == IBV_QPS_ERR);
+    sync_peer();
+    cm_close(&s);
 }
 
 /* b dies once connected: a hears DISCONNECTED. */
-static int scn_cm_killed(void)
+static void killed_b(struct rdma_event_channel *ch, struct rdma_cm_id *l)
 {
-    struct rdma_event_channel *ch = cm_channel();
     struct cm_side s = {0};
-    struct rdma_cm_event *ev;
 
-    if (!is_a()) {
-        struct rdma_cm_id *l = cm_listen(ch, "127.0.0.1", NULL), *id;
-        struct cm_offer o = {.pid = getpid()};
-        struct rdma_conn_param cp = {.private_data = &o, .private_data_len = sizeof(o)};
+    cm_accept(&s, ch, l, "x", &(struct rdma_conn_param){0}, 0);
+    for (;;)
+        pause();
+}
 
-        id = cm_request(ch, l, "x");
-        cm_qp(&s, id);
-        CHECK(rdma_accept(id, &cp) == 0);
-        rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000));
-        for (;;)
-            pause();
-    } else {
-        struct cm_offer o;
-        uint16_t port;
-        uint64_t t0;
+static void cm_killed_a(struct rdma_event_channel *ch, const char *ip, uint16_t port)
+{
+    struct cm_side s = {0};
+    struct cm_offer o = cm_connect(&s, ch, ip, port, "x");
+    uint64_t t0;
 
-        full_io(false, &port, sizeof(port));
-        cm_dial(&s, ch, "127.0.0.1", port, "x");
-        ev = cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000);
-        memcpy(&o, ev->param.conn.private_data, sizeof(o));
-        rdma_ack_cm_event(ev);
-        usleep(50000); /* b is in pause() by now, or about to be */
-        t0 = now_ms();
-        CHECK(kill(o.pid, SIGKILL) == 0);
-        ev = cm_expect(ch, RDMA_CM_EVENT_DISCONNECTED, 5000);
-        CHECK(ev->id == s.id);
-        rdma_ack_cm_event(ev);
-        fprintf(stderr, "peer a: DISCONNECTED %llu ms after the kill\n",
-                (unsigned long long)(now_ms() - t0));
-        CHECK(rdma_disconnect(s.id) == 0);
-        cm_qp_free(&s);
-        CHECK(rdma_destroy_id(s.id) == 0);
-        rdma_destroy_event_channel(ch);
-    }
-    return 0;
+    usleep(50000); /* b is in pause() by now, or about to be */
+    t0 = now_ms();
+    CHECK(kill(o.pid, SIGKILL) == 0);
+    cm_disconnected(&s, ch, 5000);
+    fprintf(stderr, "peer a: DISCONNECTED %llu ms after the kill\n",
+            (unsigned long long)(now_ms() - t0));
+    CHECK(rdma_disconnect(s.id) == 0);
+    cm_close(&s);
 }
 
 /* WEFT_SOFTVERBS_FAULT=cm_reject=1@1 on b (WEFT_RANK=1): the device rejects
  * the first request unseen; the second connects. */
-static int scn_cm_fault(void)
+static void fault_b(struct rdma_event_channel *ch, struct rdma_cm_id *l)
 {
-    struct rdma_event_channel *ch = cm_channel();
+    struct cm_side s = {0};
+
+    cm_accept(&s, ch, l, "second", NULL, 0);
+    cm_disconnected(&s, ch, 10000);
+    cm_no_event(ch, 10);
+    cm_close(&s);
+}
+
+static void fault_a(struct rdma_event_channel *ch, const char *ip, uint16_t port)
+{
     struct cm_side s = {0}, t = {0};
     struct rdma_cm_event *ev;
+    const char *p;
 
-    if (!is_a()) {
-        struct rdma_cm_id *l = cm_listen(ch, "127.0.0.1", NULL), *id;
-
-        id = cm_request(ch, l, "second");
-        cm_qp(&s, id);
-        CHECK(rdma_accept(id, NULL) == 0);
-        rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000));
-        rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_DISCONNECTED, 10000));
-        cm_no_event(ch, 10);
-        cm_qp_free(&s);
-        CHECK(rdma_destroy_id(id) == 0);
-        CHECK(rdma_destroy_id(l) == 0);
-    } else {
-        uint16_t port;
-        const char *p;
-
-        full_io(false, &port, sizeof(port));
-        cm_dial(&s, ch, "127.0.0.1", port, "first");
-        ev = cm_expect(ch, RDMA_CM_EVENT_REJECTED, 10000);
-        p = ev->param.conn.private_data;
-        CHECK(ev->id == s.id && ev->status == 28 && ev->param.conn.private_data_len == 148);
-        for (int i = 0; i < 148; i++)
-            CHECK(p[i] == 0);
-        rdma_ack_cm_event(ev);
-        cm_dial(&t, ch, "127.0.0.1", port, "second");
-        ev = cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000);
-        CHECK(ev->id == t.id);
-        rdma_ack_cm_event(ev);
-        CHECK(rdma_disconnect(t.id) == 0);
-        rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_DISCONNECTED, 10000));
-        cm_qp_free(&t);
-        cm_qp_free(&s);
-        CHECK(rdma_destroy_id(t.id) == 0);
-        CHECK(rdma_destroy_id(s.id) == 0);
-    }
-    rdma_destroy_event_channel(ch);
-    return 0;
+    cm_dial(&s, ch, ip, port, "first");
+    ev = cm_expect(ch, RDMA_CM_EVENT_REJECTED, 10000);
+    p = ev->param.conn.private_data;
+    CHECK(ev->id == s.id && ev->status == 28 && ev->param.conn.private_data_len == 148);
+    for (int i = 0; i < 148; i++)
+        CHECK(p[i] == 0);
+    rdma_ack_cm_event(ev);
+    cm_connect(&t, ch, ip, port, "second");
+    CHECK(rdma_disconnect(t.id) == 0);
+    cm_disconnected(&t, ch, 10000);
+    cm_close(&t);
+    cm_close(&s);
 }
 
 /* Each peer in its own network namespace with its own address on lo; the
  * registry is the filesystem, so the listener's IP still reaches it. */
+static void netns_b(struct rdma_event_channel *ch, struct rdma_cm_id *l)
+{
+    struct cm_side s = {0};
+    struct ibv_wc wc;
+
+    cm_accept(&s, ch, l, "across", &(struct rdma_conn_param){0}, 3);
+    CHECK(((struct sockaddr_in *)rdma_get_peer_addr(s.id))->sin_addr.s_addr ==
+          inet_addr("10.77.0.1"));
+    wc = cm_wc(&s);
+    CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 3 && filled(s.buf, 4096, 5));
+    cm_disconnected(&s, ch, 10000);
+    cm_close(&s);
+}
+
+static void netns_a(struct rdma_event_channel *ch, const char *ip, uint16_t port)
+{
+    struct cm_side s = {0};
+    struct cm_offer o = cm_connect(&s, ch, ip, port, "across");
+
+    CHECK(((struct sockaddr_in *)rdma_get_local_addr(s.id))->sin_addr.s_addr ==
+          inet_addr("10.77.0.1"));
+    fill(s.buf, 4096, 5);
+    CHECK(cm_write_imm(&s, 0, 4096, o.addr, o.rkey, 0).status == IBV_WC_SUCCESS);
+    CHECK(rdma_disconnect(s.id) == 0);
+    cm_disconnected(&s, ch, 10000);
+    cm_close(&s);
+}
+
 static int scn_cm_netns(void)
 {
     const char *mine = is_a() ? "10.77.0.1" : "10.77.0.2";
@@ -1509,106 +1439,102 @@ static int scn_cm_netns(void)
     CHECK(inet_pton(AF_INET, mine, &sin->sin_addr) == 1);
     CHECK(ioctl(fd, SIOCSIFADDR, &ifr) == 0);
     close(fd);
-    {
-        struct rdma_event_channel *ch = cm_channel();
-        struct cm_side s = {0};
-        struct rdma_cm_event *ev;
-        struct ibv_wc wc;
+    return cm_pair("10.77.0.2", netns_b, netns_a);
+}
 
-        if (!is_a()) {
-            struct rdma_cm_id *l = cm_listen(ch, mine, NULL), *id;
-            struct cm_offer o;
-            struct rdma_conn_param cp = {.private_data = &o, .private_data_len = sizeof(o)};
+static int run_qp_pair(const struct scenario *c)
+{
+    struct qpopt o = dflt;
+    struct side s;
+    struct info p;
+    void (*mine)(struct side *, const struct info *) = is_a() ? c->a : c->b;
 
-            id = cm_request(ch, l, "across");
-            CHECK(((struct sockaddr_in *)rdma_get_peer_addr(id))->sin_addr.s_addr ==
-                  inet_addr("10.77.0.1"));
-            cm_qp(&s, id);
-            post_recv(&(struct side){.qp = id->qp, .buf = s.buf, .mr = s.mr}, 3, 0, 0);
-            o.addr = (uintptr_t)s.buf;
-            o.rkey = s.mr->rkey;
-            CHECK(rdma_accept(id, &cp) == 0);
-            rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000));
-            wc = cm_wc(&s);
-            CHECK(wc.status == IBV_WC_SUCCESS && wc.wr_id == 3 && filled(s.buf, 4096, 5));
-            rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_DISCONNECTED, 10000));
-            cm_qp_free(&s);
-            CHECK(rdma_destroy_id(id) == 0);
-            CHECK(rdma_destroy_id(l) == 0);
-        } else {
-            struct cm_offer o;
-            uint16_t port;
-            struct ibv_sge sg;
-            struct ibv_send_wr wr = {0}, *bad;
-
-            full_io(false, &port, sizeof(port));
-            cm_dial(&s, ch, "10.77.0.2", port, "across");
-            CHECK(((struct sockaddr_in *)rdma_get_local_addr(s.id))->sin_addr.s_addr ==
-                  inet_addr(mine));
-            ev = cm_expect(ch, RDMA_CM_EVENT_ESTABLISHED, 10000);
-            memcpy(&o, ev->param.conn.private_data, sizeof(o));
-            rdma_ack_cm_event(ev);
-            fill(s.buf, 4096, 5);
-            sg = (struct ibv_sge){(uintptr_t)s.buf, 4096, s.mr->lkey};
-            wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-            wr.send_flags = IBV_SEND_SIGNALED;
-            wr.sg_list = &sg;
-            wr.num_sge = 1;
-            wr.wr.rdma.remote_addr = o.addr;
-            wr.wr.rdma.rkey = o.rkey;
-            CHECK(ibv_post_send(s.id->qp, &wr, &bad) == 0);
-            wc = cm_wc(&s);
-            CHECK(wc.status == IBV_WC_SUCCESS);
-            CHECK(rdma_disconnect(s.id) == 0);
-            rdma_ack_cm_event(cm_expect(ch, RDMA_CM_EVENT_DISCONNECTED, 10000));
-            cm_qp_free(&s);
-            CHECK(rdma_destroy_id(s.id) == 0);
-        }
-        rdma_destroy_event_channel(ch);
-    }
+    if (c->tune)
+        c->tune(&o);
+    open_side(&s, c->len ? c->len : MiB, &o);
+    exchange(&s, &p);
+    if (is_a())
+        p.qpn ^= c->qpn_xor;
+    to_rts(&s, &p, &o);
+    if (c->prep)
+        c->prep(&s);
+    sync_peer();
+    while (c->b_dies && !is_a())
+        pause();
+    if (mine)
+        mine(&s, &p);
+    if (!c->b_dies)
+        sync_peer();
+    teardown(&s);
     return 0;
 }
 
-static int peer_main(int argc, char **argv)
-{
-    static const struct {
-        const char *name;
-        int (*fn)(void);
-    } scn[] = {
-        {"query", scn_query}, {"badfault", scn_badfault}, {"fdleak", scn_fdleak},
-        {"write", scn_write}, {"big", scn_big}, {"write_imm", scn_write_imm},
-        {"send_recv", scn_send_recv}, {"read", scn_read}, {"signal", scn_signal},
-        {"sqfull", scn_sqfull}, {"bad_rkey", scn_bad_rkey}, {"rnr", scn_rnr},
-        {"rnr_late", scn_rnr_late}, {"killed", scn_killed},
-        {"killed_inflight", scn_killed_inflight}, {"wrong_qpn", scn_wrong_qpn},
-        {"channel", scn_channel}, {"fault_fail", scn_fault_fail},
-        {"fault_delay", scn_fault_delay}, {"fault_kill_qp", scn_fault_kill_qp},
-        {"fault_port_down", scn_fault_port_down}, {"cm_basic", scn_cm_basic},
-        {"cm_connect", scn_cm_connect}, {"cm_reject", scn_cm_reject},
-        {"cm_killed", scn_cm_killed}, {"cm_fault", scn_cm_fault}, {"cm_netns", scn_cm_netns},
-    };
+/* Every scenario a test can ask a peer for. */
+static const struct scenario scenarios[] = {
+    {"query", .run = scn_query},
+    {"badfault", .run = scn_badfault},
+    {"fdleak", .run = scn_fdleak},
+    {"write", .len = 4 * MiB, .a = write_a, .b = write_b},
+    {"big", .len = 64 * MiB, .a = write_a, .b = write_b},
+    {"write_imm", .prep = write_imm_prep, .a = write_imm_a, .b = write_imm_b},
+    {"send_recv", .prep = send_recv_prep, .a = send_recv_a, .b = send_recv_b},
+    {"read", .len = 2 * MiB, .prep = read_prep, .a = read_a},
+    {"signal", .tune = sq_10, .a = signal_a},
+    {"sqfull", .tune = sq_4_no_timeout, .a = sqfull_a},
+    {"bad_rkey", .a = bad_rkey_a, .b = bad_rkey_b},
+    {"past_mr_end", .a = past_mr_end_a},
+    {"read_refused", .tune = no_remote_read, .a = read_refused_a},
+    {"bad_lkey", .a = bad_lkey_a},
+    {"rnr", .tune = rnr_2_retries, .a = rnr_a},
+    {"rnr_late", .tune = rnr_10ms, .a = rnr_late_a, .b = rnr_late_b},
+    {"killed", .a = killed_a, .b_dies = true},
+    {"killed_inflight", .a = killed_inflight_a, .b_dies = true},
+    {"wrong_qpn", .qpn_xor = 0x800001, .a = wrong_qpn_a},
+    {"channel", .tune = with_channel, .prep = recv_77_on_b, .a = channel_a, .b = channel_b},
+    {"fault_fail", .a = fault_fail_a, .b = fault_fail_b},
+    {"fault_delay", .a = fault_delay_a},
+    {"fault_kill_qp", .a = fault_kill_qp_a, .b = fault_kill_qp_b},
+    {"fault_port_down", .prep = recv_9, .a = fault_port_down_a},
+    {"cm_basic", .run = scn_cm_basic},
+    {"cm_connect", .passive = connect_b, .active = connect_a},
+    {"cm_reject", .passive = reject_b, .active = reject_a},
+    {"cm_killed", .passive = killed_b, .active = cm_killed_a, .b_dies = true},
+    {"cm_fault", .passive = fault_b, .active = fault_a},
+    {"cm_netns", .run = scn_cm_netns},
+};
 
-    if (argc < 5)
+static const struct scenario *find_scenario(const char *name)
+{
+    for (size_t i = 0; i < sizeof(scenarios) / sizeof(scenarios[0]); i++)
+        if (!strcmp(scenarios[i].name, name))
+            return &scenarios[i];
+    return NULL;
+}
+
+static int peer_main(const char *scn, const char *r, int fd)
+{
+    const struct scenario *c = find_scenario(scn);
+
+    role = r;
+    peer_fd = fd;
+    if (!c)
         return 2;
-    role = argv[3];
-    peer_fd = atoi(argv[4]);
-    if (!strncmp(argv[2], "access", 6))
-        return scn_access(atoi(argv[2] + 6));
-    for (size_t i = 0; i < sizeof(scn) / sizeof(scn[0]); i++)
-        if (!strcmp(scn[i].name, argv[2]))
-            return scn[i].fn();
-    return 2;
+    if (c->run)
+        return c->run();
+    return c->passive ? cm_pair("127.0.0.1", c->passive, c->active) : run_qp_pair(c);
 }
 
 /* ---- test side: plain process, the device preloaded only in peers ---- */
 
-static pid_t spawn(const char *scn, const char *r, int fd, const char *env)
+/* A peer in role r ("a": WEFT_RANK=0, "b": 1) with env and env_more,
+ * "NAME=value" lists separated by ';', added to its environment. */
+static pid_t spawn(const char *scn, const char *r, int fd, const char *env, const char *env_more)
 {
     pid_t pid = fork();
 
     cr_assert(pid >= 0);
     if (pid == 0) {
-        char fdstr[16], *e = strdup(env ? env : ""), *save = NULL;
+        char fdstr[16], e[512], *save = NULL;
 
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         /* Criterion's worker markers would make the peer a test worker. */
@@ -1628,6 +1554,8 @@ static pid_t spawn(const char *scn, const char *r, int fd, const char *env)
         unsetenv("WEFT_SOFTVERBS_FAULT");
         unsetenv("WEFT_SOFTVERBS_LINK");
         unsetenv("WEFT_SOFTVERBS_DEVICES");
+        snprintf(e, sizeof(e), "WEFT_RANK=%d;%s;%s", r[0] == 'b', env ? env : "",
+                 env_more ? env_more : "");
         for (char *kv = strtok_r(e, ";", &save); kv; kv = strtok_r(NULL, ";", &save))
             putenv(kv);
         {
@@ -1642,16 +1570,18 @@ static pid_t spawn(const char *scn, const char *r, int fd, const char *env)
     return pid;
 }
 
-/* b_sig: the signal b is expected to die of (0: exit 0).  A peer a that
- * exits 77 lacks a privilege the scenario needs: the test is skipped. */
-static void run_pair(const char *scn, const char *env_a, const char *env_b, int b_sig)
+/* Peers a and b with env, a with env_a too.  b must exit 0, or where the
+ * scenario has it wait to be killed, die of SIGKILL.  A peer a that exits
+ * 77 lacks a privilege the scenario needs: the test is skipped. */
+static void run_pair(const char *scn, const char *env, const char *env_a)
 {
     int sv[2], st;
     pid_t a, b;
+    int b_sig = find_scenario(scn)->b_dies ? SIGKILL : 0;
 
     cr_assert(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
-    a = spawn(scn, "a", sv[0], env_a);
-    b = spawn(scn, "b", sv[1], env_b);
+    a = spawn(scn, "a", sv[0], env, env_a);
+    b = spawn(scn, "b", sv[1], env, NULL);
     close(sv[0]);
     close(sv[1]);
     cr_assert(waitpid(a, &st, 0) == a);
@@ -1673,74 +1603,65 @@ static void run_pair(const char *scn, const char *env_a, const char *env_b, int 
 static void run_one(const char *scn, const char *env)
 {
     int st;
-    pid_t a = spawn(scn, "a", -1, env);
+    pid_t a = spawn(scn, "a", -1, env, NULL);
 
     cr_assert(waitpid(a, &st, 0) == a);
     cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: status 0x%x", scn, st);
 }
 
 TestSuite(softverbs, .timeout = 30);
+#define FAULT "WEFT_SOFTVERBS_FAULT="
 
 Test(softverbs, query_eth) { run_one("query", "WEFT_SOFTVERBS_DEVICES=2"); }
 Test(softverbs, query_ib) { run_one("query", "WEFT_SOFTVERBS_DEVICES=2;WEFT_SOFTVERBS_LINK=ib"); }
 Test(softverbs, bad_fault_spec)
 {
-    run_one("badfault", "WEFT_SOFTVERBS_FAULT=delay=5,fail=x");
-    run_one("badfault", "WEFT_SOFTVERBS_FAULT=frobnicate=1@0");
-    run_one("badfault", "WEFT_SOFTVERBS_FAULT=fail=2:nope");
-    run_one("badfault", "WEFT_SOFTVERBS_FAULT=cm_reject=0");
+    run_one("badfault", FAULT "delay=5,fail=x");
+    run_one("badfault", FAULT "frobnicate=1@0");
+    run_one("badfault", FAULT "fail=2:nope");
+    run_one("badfault", FAULT "cm_reject=0");
 }
 Test(softverbs, no_fd_or_thread_leak) { run_one("fdleak", NULL); }
-Test(softverbs, write_lands_without_target) { run_pair("write", NULL, NULL, 0); }
-Test(softverbs, write_ib_link) { run_pair("write", "WEFT_SOFTVERBS_LINK=ib", "WEFT_SOFTVERBS_LINK=ib", 0); }
-Test(softverbs, write_64mib, .timeout = 60) { run_pair("big", NULL, NULL, 0); }
-Test(softverbs, write_with_imm) { run_pair("write_imm", NULL, NULL, 0); }
-Test(softverbs, send_recv_inline_len_err) { run_pair("send_recv", NULL, NULL, 0); }
-Test(softverbs, rdma_read) { run_pair("read", NULL, NULL, 0); }
-Test(softverbs, selective_signalling) { run_pair("signal", NULL, NULL, 0); }
-Test(softverbs, sq_full_enomem) { run_pair("sqfull", NULL, NULL, 0); }
-Test(softverbs, bad_rkey_then_flush) { run_pair("bad_rkey", NULL, NULL, 0); }
-Test(softverbs, out_of_bounds) { run_pair("access0", NULL, NULL, 0); }
-Test(softverbs, read_without_remote_read) { run_pair("access1", NULL, NULL, 0); }
-Test(softverbs, bad_lkey) { run_pair("access2", NULL, NULL, 0); }
-Test(softverbs, rnr_retry_exceeded) { run_pair("rnr", NULL, NULL, 0); }
-Test(softverbs, rnr_then_recv) { run_pair("rnr_late", NULL, NULL, 0); }
-Test(softverbs, peer_killed) { run_pair("killed", NULL, NULL, SIGKILL); }
-Test(softverbs, peer_killed_inflight) { run_pair("killed_inflight", NULL, NULL, SIGKILL); }
-Test(softverbs, wrong_dest_qpn) { run_pair("wrong_qpn", NULL, NULL, 0); }
-Test(softverbs, comp_channel_nonblock) { run_pair("channel", NULL, NULL, 0); }
-Test(softverbs, fault_fail)
-{
-    run_pair("fault_fail", "WEFT_RANK=0;WEFT_SOFTVERBS_FAULT=fail=3:rem_access@0",
-             "WEFT_RANK=1;WEFT_SOFTVERBS_FAULT=fail=3:rem_access@0", 0);
-}
-Test(softverbs, fault_delay) { run_pair("fault_delay", "WEFT_SOFTVERBS_FAULT=delay=300000", NULL, 0); }
-Test(softverbs, fault_kill_qp) { run_pair("fault_kill_qp", "WEFT_SOFTVERBS_FAULT=kill_qp=2", NULL, 0); }
-Test(softverbs, fault_port_down)
-{
-    run_pair("fault_port_down", "WEFT_SOFTVERBS_FAULT=port_down=300", NULL, 0);
-}
+Test(softverbs, write_lands_without_target) { run_pair("write", NULL, NULL); }
+Test(softverbs, write_ib_link) { run_pair("write", "WEFT_SOFTVERBS_LINK=ib", NULL); }
+Test(softverbs, write_64mib, .timeout = 60) { run_pair("big", NULL, NULL); }
+Test(softverbs, write_with_imm) { run_pair("write_imm", NULL, NULL); }
+Test(softverbs, send_recv_inline_len_err) { run_pair("send_recv", NULL, NULL); }
+Test(softverbs, rdma_read) { run_pair("read", NULL, NULL); }
+Test(softverbs, selective_signalling) { run_pair("signal", NULL, NULL); }
+Test(softverbs, sq_full_enomem) { run_pair("sqfull", NULL, NULL); }
+Test(softverbs, bad_rkey_then_flush) { run_pair("bad_rkey", NULL, NULL); }
+Test(softverbs, out_of_bounds) { run_pair("past_mr_end", NULL, NULL); }
+Test(softverbs, read_without_remote_read) { run_pair("read_refused", NULL, NULL); }
+Test(softverbs, bad_lkey) { run_pair("bad_lkey", NULL, NULL); }
+Test(softverbs, rnr_retry_exceeded) { run_pair("rnr", NULL, NULL); }
+Test(softverbs, rnr_then_recv) { run_pair("rnr_late", NULL, NULL); }
+Test(softverbs, peer_killed) { run_pair("killed", NULL, NULL); }
+Test(softverbs, peer_killed_inflight) { run_pair("killed_inflight", NULL, NULL); }
+Test(softverbs, wrong_dest_qpn) { run_pair("wrong_qpn", NULL, NULL); }
+Test(softverbs, comp_channel_nonblock) { run_pair("channel", NULL, NULL); }
+/* Faults of a's device; fault_fail's item applies to rank 0, a. */
+Test(softverbs, fault_fail) { run_pair("fault_fail", FAULT "fail=3:rem_access@0", NULL); }
+Test(softverbs, fault_delay) { run_pair("fault_delay", NULL, FAULT "delay=300000"); }
+Test(softverbs, fault_kill_qp) { run_pair("fault_kill_qp", NULL, FAULT "kill_qp=2"); }
+Test(softverbs, fault_port_down) { run_pair("fault_port_down", NULL, FAULT "port_down=300"); }
 
 Test(softverbs, cm_basics) { run_one("cm_basic", NULL); }
-Test(softverbs, cm_connect_write_disconnect) { run_pair("cm_connect", NULL, NULL, 0); }
-Test(softverbs, cm_reject_private_data) { run_pair("cm_reject", NULL, NULL, 0); }
-Test(softverbs, cm_peer_killed) { run_pair("cm_killed", NULL, NULL, SIGKILL); }
-Test(softverbs, cm_fault_reject)
-{
-    run_pair("cm_fault", "WEFT_RANK=0;WEFT_SOFTVERBS_FAULT=cm_reject=1@1",
-             "WEFT_RANK=1;WEFT_SOFTVERBS_FAULT=cm_reject=1@1", 0);
-}
-Test(softverbs, cm_across_netns) { run_pair("cm_netns", NULL, NULL, 0); }
+Test(softverbs, cm_connect_write_disconnect) { run_pair("cm_connect", NULL, NULL); }
+Test(softverbs, cm_reject_private_data) { run_pair("cm_reject", NULL, NULL); }
+Test(softverbs, cm_peer_killed) { run_pair("cm_killed", NULL, NULL); }
+Test(softverbs, cm_fault_reject) { run_pair("cm_fault", FAULT "cm_reject=1@1", NULL); }
+Test(softverbs, cm_across_netns) { run_pair("cm_netns", NULL, NULL); }
 
 /* A peer is this binary re-executed with WEFT_SV_PEER="scenario role fd";
  * it runs before Criterion's main ever sees it. */
 __attribute__((constructor)) static void peer_hook(void)
 {
     const char *spec = getenv("WEFT_SV_PEER");
-    char scn[64], r[8], fd[16];
-    char *argv[] = {"test_softverbs", "--sv-peer", scn, r, fd, NULL};
+    static char scn[64], r[8];
+    int fd;
 
-    if (!spec || sscanf(spec, "%63s %7s %15s", scn, r, fd) != 3)
+    if (!spec || sscanf(spec, "%63s %7s %d", scn, r, &fd) != 3)
         return;
-    exit(peer_main(5, argv));
+    exit(peer_main(scn, r, fd));
 }

@@ -1,5 +1,7 @@
 /*
- * test_transport.c - which transport carries each pair: WEFT_TRANSPORT
+ * test_transport.c - the suite of transport_suite.c on every transport
+ * (tcp, shm, verbs on the software verbs device), each under its name; and
+ * which transport carries each pair: WEFT_TRANSPORT
  * restrictions that leave a pair unreachable fail init on every rank with
  * the reason; a bad name is refused; a rank killed in the middle of a
  * shared-memory AllReduce sweep leaves errors (not hangs) on the others
@@ -8,7 +10,6 @@
  * the topology file.  WEFT_BIND=1 pins each rank to its own CPU.
  */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <math.h>
 #include <sched.h>
 #include <signal.h>
@@ -21,8 +22,39 @@
 #include "harness.h"
 #include "src/comm.h"
 #include "select/topo.h"
+#include "tests/tcp_harness.h"
 #include "transports/shm/shm.h"
 #include "transports/transport.h"
+
+/* ---- the same behaviour from every transport ------------------------------------ */
+
+/* The tests of transport_suite.c in a suite per transport, as gloo
+ * instantiates its tests per transport: how each is opened is the
+ * harness's table (weft_test_transports); a transport added there gets its
+ * suite from one line below.  A transport that cannot run here (verbs
+ * without the software device, which tests/verbs.sh preloads) skips. */
+#define TRANSPORT_SUITE(tp)                                                                     \
+    static void use_##tp(void) { tp_use(#tp); }                                                 \
+    TestSuite(tp, .init = use_##tp, .timeout = 120);                                            \
+    Test(tp, pingpong_sizes) { run(2, 1, sc_pingpong); }                                        \
+    Test(tp, both_directions_large) { run(2, 1, sc_both_ways); }                                \
+    Test(tp, many_small_both_ways) { run(2, 1, sc_many_small); }                                \
+    Test(tp, four_ranks_all_to_all) { run(4, 1, sc_all_to_all); }                               \
+    Test(tp, short_message_into_long_receive) { run(2, 1, sc_short_into_long); }                \
+    Test(tp, long_message_into_short_receive) { run_long_into_short(4096); }                    \
+    Test(tp, killed_peer_fails_receive) { run_killed_peer(); }                                  \
+    Test(tp, finalized_peer_fails_receive) { run(2, 1, sc_peer_finalized); }                    \
+    Test(tp, finalize_with_pending_requests) { run(2, 2, sc_finalize_pending); }                \
+    Test(tp, wakeup_ends_a_wait) { check_wakeup(); }                                            \
+    Test(tp, bad_arguments) { check_bad_arguments(); }
+
+TRANSPORT_SUITE(tcp)
+TRANSPORT_SUITE(shm)
+#ifdef HAVE_VERBS
+TRANSPORT_SUITE(verbs)
+#endif
+
+/* ---- which transport carries each pair ------------------------------------------- */
 
 /* Init must fail with status `want` and a message containing `why`. */
 struct expect_fail {
@@ -98,20 +130,6 @@ static int sweep_until_error(weft_comm_t comm, int rank, int nranks, void *arg)
     }
 }
 
-static int count_segments(uint64_t job)
-{
-    char prefix[64];
-    snprintf(prefix, sizeof(prefix), "weft-%016llx-", (unsigned long long)job);
-    DIR *d = opendir("/dev/shm");
-    int n = 0;
-    struct dirent *e;
-    while (d && (e = readdir(d)) != NULL)
-        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
-    if (d)
-        closedir(d);
-    return n;
-}
-
 Test(transport, kill_9_mid_shm_sweep_leaves_errors_and_no_files, .timeout = 90)
 {
     setenv("WEFT_TRANSPORT", "shm", 1);
@@ -130,7 +148,8 @@ Test(transport, kill_9_mid_shm_sweep_leaves_errors_and_no_files, .timeout = 90)
                          "rank %d exit code %d (42: ended with a peer error)", r,
                          weft_test_job_exit_code(&job, r));
     }
-    cr_assert_eq(count_segments(job.uid.job), 0, "segments of the job left in /dev/shm");
+    cr_assert_eq(count_segments("/dev/shm", job.uid.job), 0,
+                 "segments of the job left in /dev/shm");
 }
 
 /* ---- calibration at init ------------------------------------------------------ */

@@ -1,7 +1,7 @@
 #!/bin/sh
 # The verbs transport, unchanged, on the software verbs device
-# (tests/softverbs): the collective matrix with every algorithm family and
-# the fault tests, with the device preloaded in front of the real
+# (tests/softverbs): the collective matrix with every algorithm family, the
+# transport suite and the fault tests, with the device preloaded in front of the real
 # libibverbs.  Also checks that the library users get links libibverbs
 # (and librdmacm) and not the software device.  Run from the build folder (make check
 # does); skips (77) when configure did not build the transport.
@@ -30,6 +30,8 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0"
 export LD_PRELOAD="$sv${LD_PRELOAD:+:$LD_PRELOAD}"
 export WEFT_TEST_SOFTVERBS=1
 "$build/test_coll" --jobs 1 --filter 'verbs/*' || rc=1
+# The suite every transport runs (tests/transport_suite.c), on verbs.
+"$build/test_transport" --jobs 1 --filter 'verbs/*' || rc=1
 # Registered buffers (zero-copy) and two queue pairs per peer, 3 ranks,
 # every result checked by the perf tools themselves.
 for tool in sendrecv all_reduce all_gather; do

@@ -42,6 +42,15 @@ uint64_t sv_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+void *sv_zalloc(size_t n)
+{
+    void *p = calloc(1, n);
+
+    if (!p)
+        errno = ENOMEM;
+    return p;
+}
+
 static uint32_t sv_random32(void)
 {
     uint32_t v = 0;
@@ -332,11 +341,9 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
         errno = EINVAL;
         return NULL;
     }
-    ctx = calloc(1, sizeof(*ctx));
-    if (!ctx) {
-        errno = ENOMEM;
+    ctx = sv_zalloc(sizeof(*ctx));
+    if (!ctx)
         return NULL;
-    }
     err = sv_fault_parse(getenv("WEFT_SOFTVERBS_FAULT"), &ctx->fault);
     if (err)
         goto err_free;
@@ -440,7 +447,7 @@ SV_EXPORT int ibv_close_device(struct ibv_context *context)
     char lidpath[SV_PATH_MAX + 16];
 
     pthread_mutex_lock(&ctx->lock);
-    if (ctx->npd || ctx->ncq || ctx->nchannel || ctx->qps || ctx->mrs) {
+    if (ctx->nobj[SV_PD] || ctx->nobj[SV_CQ] || ctx->nobj[SV_CHANNEL] || ctx->qps || ctx->mrs) {
         pthread_mutex_unlock(&ctx->lock);
         errno = EBUSY;
         return EBUSY;
@@ -450,21 +457,11 @@ SV_EXPORT int ibv_close_device(struct ibv_context *context)
     pthread_mutex_unlock(&ctx->lock);
     pthread_join(ctx->thread, NULL);
 
-    while (ctx->socks) { /* only closing sockets can be left */
-        struct sv_sock *s = ctx->socks;
-
+    /* Only closing sockets can be left. */
+    for (struct sv_sock *s; (s = ctx->socks); sv_sock_free(s))
         ctx->socks = s->next;
-        close(s->fd);
-        free(s->in.data);
-        free(s->out.data);
-        free(s);
-    }
-    while (ctx->ev_head) {
-        struct sv_event *e = ctx->ev_head;
-
+    for (struct sv_event *e; (e = ctx->ev_head); free(e))
         ctx->ev_head = e->next;
-        free(e);
-    }
     close(ctx->epfd);
     close(ctx->doorbell);
     close(ctx->ibv.async_fd);
@@ -562,37 +559,52 @@ SV_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int i
 
 /* ---- PD and MR ---- */
 
-SV_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
+/* One more object of kind on context. */
+static void sv_count_one(struct ibv_context *context, int kind)
 {
     struct sv_context *ctx = sv_ctx(context);
-    struct sv_pd *pd = calloc(1, sizeof(*pd));
 
-    if (!pd) {
-        errno = ENOMEM;
-        return NULL;
+    pthread_mutex_lock(&ctx->lock);
+    ctx->nobj[kind]++;
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+/* One object of kind less, unless *busy (read under the lock) says it is
+ * in use: EBUSY then. */
+static int sv_uncount_one(struct ibv_context *context, int kind, const int *busy)
+{
+    struct sv_context *ctx = sv_ctx(context);
+
+    pthread_mutex_lock(&ctx->lock);
+    if (*busy) {
+        pthread_mutex_unlock(&ctx->lock);
+        return EBUSY;
     }
+    ctx->nobj[kind]--;
+    pthread_mutex_unlock(&ctx->lock);
+    return 0;
+}
+
+SV_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
+{
+    struct sv_pd *pd = sv_zalloc(sizeof(*pd));
+
+    if (!pd)
+        return NULL;
     pd->ibv.context = context;
     pd->ibv.handle = sv_random32();
-    pthread_mutex_lock(&ctx->lock);
-    ctx->npd++;
-    pthread_mutex_unlock(&ctx->lock);
+    sv_count_one(context, SV_PD);
     return &pd->ibv;
 }
 
 SV_EXPORT int ibv_dealloc_pd(struct ibv_pd *ibpd)
 {
-    struct sv_context *ctx = sv_ctx(ibpd->context);
     struct sv_pd *pd = (struct sv_pd *)ibpd;
+    int err = sv_uncount_one(ibpd->context, SV_PD, &pd->refs);
 
-    pthread_mutex_lock(&ctx->lock);
-    if (pd->refs) {
-        pthread_mutex_unlock(&ctx->lock);
-        return EBUSY;
-    }
-    ctx->npd--;
-    pthread_mutex_unlock(&ctx->lock);
-    free(pd);
-    return 0;
+    if (!err)
+        free(pd);
+    return err;
 }
 
 /* Callers hold ctx->lock. */
@@ -620,11 +632,9 @@ SV_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *ibpd, void *addr, size_
         errno = (access & ~known) || iova != (uintptr_t)addr ? EOPNOTSUPP : EINVAL;
         return NULL;
     }
-    mr = calloc(1, sizeof(*mr));
-    if (!mr) {
-        errno = ENOMEM;
+    mr = sv_zalloc(sizeof(*mr));
+    if (!mr)
         return NULL;
-    }
     mr->ibv.context = ibpd->context;
     mr->ibv.pd = ibpd;
     mr->ibv.addr = addr;
@@ -681,13 +691,10 @@ SV_EXPORT int ibv_dereg_mr(struct ibv_mr *ibmr)
 
 SV_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
 {
-    struct sv_context *ctx = sv_ctx(context);
-    struct sv_channel *ch = calloc(1, sizeof(*ch));
+    struct sv_channel *ch = sv_zalloc(sizeof(*ch));
 
-    if (!ch) {
-        errno = ENOMEM;
+    if (!ch)
         return NULL;
-    }
     ch->ibv.fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
     if (ch->ibv.fd < 0) {
         int err = errno;
@@ -698,30 +705,18 @@ SV_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *c
     }
     ch->ibv.context = context;
     ch->tail = &ch->head;
-    pthread_mutex_lock(&ctx->lock);
-    ctx->nchannel++;
-    pthread_mutex_unlock(&ctx->lock);
+    sv_count_one(context, SV_CHANNEL);
     return &ch->ibv;
 }
 
 SV_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *ibch)
 {
-    struct sv_context *ctx = sv_ctx(ibch->context);
     struct sv_channel *ch = (struct sv_channel *)ibch;
 
-    pthread_mutex_lock(&ctx->lock);
-    if (ibch->refcnt) {
-        pthread_mutex_unlock(&ctx->lock);
+    if (sv_uncount_one(ibch->context, SV_CHANNEL, &ibch->refcnt))
         return EBUSY;
-    }
-    ctx->nchannel--;
-    pthread_mutex_unlock(&ctx->lock);
-    while (ch->head) {
-        struct sv_cq_ev *e = ch->head;
-
+    for (struct sv_cq_ev *e; (e = ch->head); free(e))
         ch->head = e->next;
-        free(e);
-    }
     close(ibch->fd);
     free(ch);
     return 0;
@@ -755,7 +750,7 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
     pthread_mutex_lock(&ctx->lock);
     if (channel)
         channel->refcnt++;
-    ctx->ncq++;
+    ctx->nobj[SV_CQ]++;
     pthread_mutex_unlock(&ctx->lock);
     return &cq->ibv;
 }
@@ -798,7 +793,7 @@ SV_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq)
             cq->channel->tail = &e->next;
         cq->channel->ibv.refcnt--;
     }
-    ctx->ncq--;
+    ctx->nobj[SV_CQ]--;
     pthread_mutex_unlock(&ctx->lock);
     pthread_cond_destroy(&cq->ibv.cond);
     pthread_mutex_destroy(&cq->ibv.mutex);
@@ -883,13 +878,9 @@ SV_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *ibch, struct ibv_cq **cq
     if (read(ibch->fd, &one, sizeof(one)) != sizeof(one))
         return -1;
     pthread_mutex_lock(&ctx->lock);
-    e = ch->head;
-    if (e) {
-        ch->head = e->next;
-        if (!ch->head)
-            ch->tail = &ch->head;
+    SV_QUEUE_POP(ch->head, ch->tail, e);
+    if (e)
         e->cq->events_got++;
-    }
     pthread_mutex_unlock(&ctx->lock);
     if (!e) {
         errno = EAGAIN;
@@ -944,12 +935,7 @@ SV_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_
     if (read(context->async_fd, &one, sizeof(one)) != sizeof(one))
         return -1;
     pthread_mutex_lock(&ctx->lock);
-    e = ctx->ev_head;
-    if (e) {
-        ctx->ev_head = e->next;
-        if (!ctx->ev_head)
-            ctx->ev_tail = &ctx->ev_head;
-    }
+    SV_QUEUE_POP(ctx->ev_head, ctx->ev_tail, e);
     pthread_mutex_unlock(&ctx->lock);
     if (!e) {
         errno = EAGAIN;

@@ -20,6 +20,18 @@
 #define SV_MAX_GID 16
 #define SV_PATH_MAX 108 /* sizeof(sockaddr_un.sun_path) */
 
+/* Objects of a context counted by kind (sv_context.nobj). */
+enum { SV_PD, SV_CQ, SV_CHANNEL, SV_NKINDS };
+
+/* Event queues are a head and a tail (&last->next, &head when empty):
+ * takes the first into e (NULL when empty).  Callers hold the lock. */
+#define SV_QUEUE_POP(head, tail, e)                                                       \
+    do {                                                                                  \
+        (e) = (head);                                                                     \
+        if ((e) && !((head) = (e)->next))                                                 \
+            (tail) = &(head);                                                             \
+    } while (0)
+
 /* One fake HCA; the table is built once per process and never freed. */
 struct sv_device {
     struct ibv_device ibv;
@@ -164,7 +176,7 @@ struct sv_context {
     int ngid;
     struct sv_fault fault;
     uint64_t open_ns, send_cqes, send_posts;
-    int npd, ncq, nchannel;
+    int nobj[SV_NKINDS]; /* PDs, CQs and channels open, which close waits on */
     struct sv_mr *mrs;
     struct sv_qp *qps;
     struct sv_sock *socks;
@@ -188,6 +200,8 @@ static inline struct sv_rwqe *rq_at(struct sv_qp *qp, uint32_t i)
 
 /* softverbs.c */
 uint64_t sv_now_ns(void);
+/* Zeroed memory, or NULL with errno ENOMEM, as a verbs call reports it. */
+void *sv_zalloc(size_t n);
 void sv_cq_push(struct sv_context *ctx, struct sv_cq *cq, const struct ibv_wc *wc);
 void sv_async_event(struct sv_context *ctx, enum ibv_event_type type, struct ibv_qp *qp);
 struct sv_mr *sv_mr_find(struct sv_context *ctx, uint32_t key, bool remote);
@@ -195,6 +209,11 @@ void sv_ring(struct sv_context *ctx);
 
 /* sv_wire.c */
 void *sv_service(void *arg);
+/* Zeroed size bytes, fd watched for input on epfd with them as the
+ * event's data; NULL (nothing watched) on failure. */
+void *sv_watch_new(int epfd, int fd, size_t size);
+/* Closes s's fd and frees it, unlinked from ctx->socks. */
+void sv_sock_free(struct sv_sock *s);
 void sv_qp_set_err(struct sv_context *ctx, struct sv_qp *qp);
 void sv_qp_close_conns(struct sv_context *ctx, struct sv_qp *qp);
 struct sv_sock *sv_sock_new(struct sv_context *ctx, int fd, enum sv_sock_kind kind,

@@ -321,21 +321,12 @@ static void ring(void)
 
 static struct cm_link *link_new(int fd, enum cm_link_kind kind, struct cm_id *c)
 {
-    struct cm_link *l = calloc(1, sizeof(*l));
-    struct epoll_event ev = {.events = EPOLLIN};
+    struct cm_link *l = sv_watch_new(cm.epfd, fd, sizeof(*l));
 
-    if (!l)
-        return NULL;
-    l->fd = fd;
-    l->kind = kind;
-    l->id = c;
-    ev.data.ptr = l;
-    if (epoll_ctl(cm.epfd, EPOLL_CTL_ADD, fd, &ev)) {
-        free(l);
-        return NULL;
+    if (l) {
+        *l = (struct cm_link){.fd = fd, .kind = kind, .id = c, .next = cm.links};
+        cm.links = l;
     }
-    l->next = cm.links;
-    cm.links = l;
     return l;
 }
 
@@ -833,11 +824,9 @@ SV_EXPORT struct rdma_event_channel *rdma_create_event_channel(void)
         errno = cm.err;
         return NULL;
     }
-    ch = calloc(1, sizeof(*ch));
-    if (!ch) {
-        errno = ENOMEM;
+    ch = sv_zalloc(sizeof(*ch));
+    if (!ch)
         return NULL;
-    }
     ch->ch.fd = eventfd(0, EFD_CLOEXEC);
     if (ch->ch.fd < 0) {
         int err = errno;
@@ -856,12 +845,8 @@ SV_EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *channel)
 
     if (!ch)
         return;
-    while (ch->head) {
-        struct cm_event *e = ch->head;
-
+    for (struct cm_event *e; (e = ch->head); free(e))
         ch->head = e->next;
-        free(e);
-    }
     close(ch->ch.fd);
     free(ch);
 }
@@ -913,15 +898,11 @@ SV_EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_
         if (read(ch->ch.fd, &cnt, sizeof(cnt)) != sizeof(cnt))
             return -1;
         pthread_mutex_lock(&cm.lock);
-        e = ch->head;
-        if (e) {
-            ch->head = e->next;
-            if (ch->head)
-                chan_signal(ch);
-            else
-                ch->tail = &ch->head;
+        SV_QUEUE_POP(ch->head, ch->tail, e);
+        if (e && ch->head)
+            chan_signal(ch);
+        if (e)
             finish(e);
-        }
         pthread_mutex_unlock(&cm.lock);
     }
     *event = &e->ev;
@@ -1242,23 +1223,31 @@ SV_EXPORT int rdma_resolve_route(struct rdma_cm_id *id, int timeout_ms)
 
 /* ---- QPs on ids ---- */
 
-static int cqe_for(uint32_t wr)
+/* As librdmacm, a CQ made for one side of id's QP (wr entries deep) comes
+ * with a channel of its own; NULL with errno if either cannot be made. */
+static struct ibv_cq *id_cq(struct rdma_cm_id *id, struct ibv_cq **cq,
+                            struct ibv_comp_channel **ch, uint32_t wr)
 {
-    return wr ? (int)wr : 1;
+    *ch = ibv_create_comp_channel(id->verbs);
+    if (*ch)
+        *cq = ibv_create_cq(id->verbs, wr ? (int)wr : 1, id, *ch, 0);
+    return *cq;
+}
+
+static void id_cq_destroy(struct ibv_cq **cq, struct ibv_comp_channel **ch)
+{
+    if (*cq)
+        ibv_destroy_cq(*cq);
+    if (*ch)
+        ibv_destroy_comp_channel(*ch);
+    *cq = NULL;
+    *ch = NULL;
 }
 
 static void destroy_cqs(struct rdma_cm_id *id)
 {
-    if (id->recv_cq)
-        ibv_destroy_cq(id->recv_cq);
-    if (id->recv_cq_channel)
-        ibv_destroy_comp_channel(id->recv_cq_channel);
-    if (id->send_cq)
-        ibv_destroy_cq(id->send_cq);
-    if (id->send_cq_channel)
-        ibv_destroy_comp_channel(id->send_cq_channel);
-    id->recv_cq = id->send_cq = NULL;
-    id->recv_cq_channel = id->send_cq_channel = NULL;
+    id_cq_destroy(&id->recv_cq, &id->recv_cq_channel);
+    id_cq_destroy(&id->send_cq, &id->send_cq_channel);
 }
 
 SV_EXPORT int rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd,
@@ -1278,25 +1267,13 @@ SV_EXPORT int rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd,
     if (!pd || pd->context != id->verbs)
         return cm_err(EINVAL);
     a = *qp_init_attr;
-    /* As librdmacm: missing CQs are made here, each with its channel. */
-    if (!a.send_cq) {
-        id->send_cq_channel = ibv_create_comp_channel(id->verbs);
-        if (id->send_cq_channel)
-            id->send_cq = ibv_create_cq(id->verbs, cqe_for(a.cap.max_send_wr), id,
-                                        id->send_cq_channel, 0);
-        if (!id->send_cq)
-            goto err_cq;
-        a.send_cq = id->send_cq;
-    }
-    if (!a.recv_cq) {
-        id->recv_cq_channel = ibv_create_comp_channel(id->verbs);
-        if (id->recv_cq_channel)
-            id->recv_cq = ibv_create_cq(id->verbs, cqe_for(a.cap.max_recv_wr), id,
-                                        id->recv_cq_channel, 0);
-        if (!id->recv_cq)
-            goto err_cq;
-        a.recv_cq = id->recv_cq;
-    }
+    /* As librdmacm: missing CQs are made here. */
+    if (!a.send_cq &&
+        !(a.send_cq = id_cq(id, &id->send_cq, &id->send_cq_channel, a.cap.max_send_wr)))
+        goto err_cq;
+    if (!a.recv_cq &&
+        !(a.recv_cq = id_cq(id, &id->recv_cq, &id->recv_cq_channel, a.cap.max_recv_wr)))
+        goto err_cq;
     qp = ibv_create_qp(pd, &a);
     if (!qp)
         goto err_cq;

@@ -37,11 +37,9 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
         return NULL;
     }
     c->max_inline_data = SV_MAX_INLINE;
-    qp = calloc(1, sizeof(*qp));
-    if (!qp) {
-        errno = ENOMEM;
+    qp = sv_zalloc(sizeof(*qp));
+    if (!qp)
         return NULL;
-    }
     qp->cap = *c;
     qp->sq = calloc(c->max_send_wr, sizeof(*qp->sq));
     qp->rq = calloc(c->max_recv_wr ? c->max_recv_wr : 1, sizeof(*qp->rq));

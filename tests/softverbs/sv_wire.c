@@ -113,25 +113,36 @@ int sv_bind_unique(const char *dir, const char *prefix, uint32_t lo, uint32_t sp
 
 /* ---- sockets of the service thread ---- */
 
+void *sv_watch_new(int epfd, int fd, size_t size)
+{
+    void *p = calloc(1, size);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = p};
+
+    if (p && epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &ev)) {
+        free(p);
+        p = NULL;
+    }
+    return p;
+}
+
 struct sv_sock *sv_sock_new(struct sv_context *ctx, int fd, enum sv_sock_kind kind,
                                 struct sv_qp *qp)
 {
-    struct sv_sock *s = calloc(1, sizeof(*s));
-    struct epoll_event ev = {.events = EPOLLIN};
+    struct sv_sock *s = sv_watch_new(ctx->epfd, fd, sizeof(*s));
 
     if (!s)
         return NULL;
-    s->fd = fd;
-    s->kind = kind;
-    s->qp = qp;
-    ev.data.ptr = s;
-    if (epoll_ctl(ctx->epfd, EPOLL_CTL_ADD, fd, &ev)) {
-        free(s);
-        return NULL;
-    }
-    s->next = ctx->socks;
+    *s = (struct sv_sock){.fd = fd, .kind = kind, .qp = qp, .next = ctx->socks};
     ctx->socks = s;
     return s;
+}
+
+void sv_sock_free(struct sv_sock *s)
+{
+    close(s->fd);
+    free(s->in.data);
+    free(s->out.data);
+    free(s);
 }
 
 static void out_lost(struct sv_context *ctx, struct sv_qp *qp, struct sv_sock *s);
@@ -779,10 +790,7 @@ static void reap(struct sv_context *ctx)
             /* best effort: a final NAK the peer may never read */
         }
         *ps = s->next;
-        close(s->fd);
-        free(s->in.data);
-        free(s->out.data);
-        free(s);
+        sv_sock_free(s);
     }
     for (pq = &ctx->qps; *pq;) {
         struct sv_qp *qp = *pq;
