@@ -112,8 +112,8 @@ typedef struct {
     long stepfactor;
     int iters, warmup, check, blocking;
     int dtype_all, op_all, root_all;
-    weft_dtype_t dtype;
-    weft_op_t op;
+    int dtype;             /* -d: a weft_dtype_t */
+    int op;                /* -o: a weft_op_t */
     int root;
     const char *algo;      /* -a, or NULL */
     const char *plans;     /* -A, or NULL */
@@ -203,13 +203,15 @@ static long op_of(const char *s)
     return -1;
 }
 
-/* -d and -o: "all" sets *all (and *value = -1); otherwise *all = 0 and
- * *value = lookup(s).  0, or -1 when s is neither. */
-static int parse_choice(const char *s, long (*lookup)(const char *), int *all, long *value)
+/* -d and -o: *all says whether s is "all"; otherwise lookup(s), when it
+ * knows s, goes to *value.  0, or -1 when s is neither. */
+static int parse_choice(const char *s, long (*lookup)(const char *), int *all, int *value)
 {
     *all = strcmp(s, "all") == 0;
-    *value = *all ? -1 : lookup(s);
-    return *all || *value >= 0 ? 0 : -1;
+    long v = *all ? -1 : lookup(s);
+    if (v >= 0)
+        *value = (int)v;
+    return *all || v >= 0 ? 0 : -1;
 }
 
 static void perf_usage(const perf_coll_t *coll, FILE *f)
@@ -285,8 +287,8 @@ static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_
         case 'N': if (parse_int(optarg, 1, PERF_MAX_ROUNDS, &v)) bad = "-N wants 1 to 64"; else o->rounds = (int)v; break;
         case 'J': o->json_path = optarg; break;
         case 'R': if (parse_int(optarg, 0, 1, &v)) bad = "-R wants 0 or 1"; else o->reg = (int)v; break;
-        case 'd': if (parse_choice(optarg, dtype_of, &o->dtype_all, &v)) bad = "-d wants a datatype name or all"; else if (v >= 0) o->dtype = (weft_dtype_t)v; break;
-        case 'o': if (parse_choice(optarg, op_of, &o->op_all, &v)) bad = "-o wants sum, prod, max, min, avg or all"; else if (v >= 0) o->op = (weft_op_t)v; break;
+        case 'd': if (parse_choice(optarg, dtype_of, &o->dtype_all, &o->dtype)) bad = "-d wants a datatype name or all"; break;
+        case 'o': if (parse_choice(optarg, op_of, &o->op_all, &o->op)) bad = "-o wants sum, prod, max, min, avg or all"; break;
         case 'r':
             if (strcmp(optarg, "all") == 0 || strcmp(optarg, "-1") == 0)
                 o->root_all = 1;
@@ -756,8 +758,8 @@ static weft_status_t perf_all_cases(perf_ctx_t *ctx)
 {
     const perf_coll_t *coll = ctx->coll;
     const perf_opts_t *o = &ctx->opt;
-    int t0 = o->dtype_all ? 0 : (int)o->dtype, t1 = o->dtype_all ? WEFT_NUM_DTYPES - 1 : t0;
-    int op0 = o->op_all && coll->has_op ? 0 : (int)o->op;
+    int t0 = o->dtype_all ? 0 : o->dtype, t1 = o->dtype_all ? WEFT_NUM_DTYPES - 1 : t0;
+    int op0 = o->op_all && coll->has_op ? 0 : o->op;
     int op1 = o->op_all && coll->has_op ? WEFT_NUM_OPS - 1 : op0;
     int r0 = !coll->has_root ? -1 : o->root_all ? 0 : o->root;
     int r1 = !coll->has_root ? -1 : o->root_all ? ctx->nranks - 1 : o->root;
