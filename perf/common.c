@@ -61,8 +61,9 @@ static double bus_one(int n) /* rooted and point to point */
     return 1.0;
 }
 
-/* In place, sendrecv sends and receives the same buffer at once, so, as in
- * nccl-tests, it is timed but not checked. */
+/* Every collective the tools measure, by kind.  In place, sendrecv sends
+ * and receives the same buffer at once, so, as in nccl-tests, it is timed
+ * but not checked. */
 static const perf_coll_t perf_colls[] = {
     [PERF_KIND_ALLREDUCE] = {"all_reduce", PERF_KIND_ALLREDUCE, 1, 0, 1, bus_allreduce},
     [PERF_KIND_REDUCE_SCATTER] = {"reduce_scatter", PERF_KIND_REDUCE_SCATTER, 1, 0, 1, bus_split},
