@@ -15,11 +15,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
-#define HUGE_BYTES (2u << 20)
+#include "../perf/util.h" /* relative: mpicc gets no -I */
+
 #define PERIOD 251 /* inputs repeat with this period in the element index */
 
 enum coll { C_ALLREDUCE, C_REDUCE_SCATTER, C_ALLGATHER, C_BROADCAST, C_REDUCE, C_NUM };
@@ -65,27 +64,6 @@ static double bus_factor(enum coll c)
     }
 }
 
-static int parse_size(const char *s, size_t *out)
-{
-    char *end;
-    if (*s < '0' || *s > '9')
-        return -1;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10), mult = 1;
-    if (errno)
-        return -1;
-    switch (*end) {
-    case 'k': case 'K': mult = 1ull << 10; end++; break;
-    case 'm': case 'M': mult = 1ull << 20; end++; break;
-    case 'g': case 'G': mult = 1ull << 30; end++; break;
-    default: break;
-    }
-    if (*end != '\0' || v > SIZE_MAX / mult)
-        return -1;
-    *out = (size_t)(v * mult);
-    return 0;
-}
-
 static int parse_long(const char *s, long min, long *out)
 {
     char *end;
@@ -127,9 +105,9 @@ static int parse(int argc, char **argv, struct opts *o)
             bad = 1;
         } else {
             switch (a[1]) {
-            case 'b': bad = parse_size(v, &o->minbytes); break;
-            case 'e': bad = parse_size(v, &o->maxbytes); break;
-            case 'i': bad = parse_size(v, &o->stepbytes); break;
+            case 'b': bad = perf_parse_size(v, &o->minbytes); break;
+            case 'e': bad = perf_parse_size(v, &o->maxbytes); break;
+            case 'i': bad = perf_parse_size(v, &o->stepbytes); break;
             case 'f': bad = parse_long(v, 1, &o->stepfactor); break;
             case 'n': bad = parse_long(v, 1, &o->iters); break;
             case 'w': bad = parse_long(v, 0, &o->warmup); break;
@@ -171,26 +149,6 @@ static int parse(int argc, char **argv, struct opts *o)
         return -1;
     }
     return 0;
-}
-
-static void *alloc_touched(size_t bytes)
-{
-    size_t align = bytes >= HUGE_BYTES ? HUGE_BYTES : 4096;
-    bytes = (bytes + align - 1) / align * align;
-    void *p = NULL;
-    if (posix_memalign(&p, align, bytes) != 0)
-        return NULL;
-    if (bytes >= HUGE_BYTES)
-        (void)madvise(p, bytes, MADV_HUGEPAGE); /* a hint only */
-    memset(p, 0, bytes);
-    return p;
-}
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
 /* One call: c is MPI's count argument (per rank for reduce_scatter and
@@ -278,10 +236,10 @@ static void measure(const struct opts *o, float *sbuf, float *rbuf, size_t c, in
     for (long i = 0; i < o->warmup; i++)
         run(o, sbuf, rbuf, (int)c, in_place);
     MPI_Barrier(MPI_COMM_WORLD);
-    double t0 = now_us();
+    double t0 = perf_now_us();
     for (long i = 0; i < o->iters; i++)
         run(o, sbuf, rbuf, (int)c, in_place);
-    double t = (now_us() - t0) / (double)o->iters;
+    double t = (perf_now_us() - t0) / (double)o->iters;
     MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     *us = t;
     *wrong = -1;
@@ -304,10 +262,7 @@ static void print_header(const struct opts *o)
     MPI_Gather(host, sizeof(host), MPI_CHAR, all, sizeof(host), MPI_CHAR, 0, MPI_COMM_WORLD);
     if (rank == 0) {
         char step[48];
-        if (o->stepfactor > 1)
-            snprintf(step, sizeof(step), "%ld(factor)", o->stepfactor);
-        else
-            snprintf(step, sizeof(step), "%zu(bytes)", o->stepbytes);
+        perf_step_text(step, sizeof(step), o->stepfactor, o->stepbytes);
         printf("# mpi_coll_perf %s (%s)\n", coll_names[o->coll], lib);
         printf("# nRanks %d minBytes %zu maxBytes %zu step: %s warmup iters: %ld iters: %ld "
                "validation: %ld\n#\n# Using ranks\n",
@@ -316,13 +271,8 @@ static void print_header(const struct opts *o)
             all[(r + 1) * sizeof(host) - 1] = '\0';
             printf("#  Rank %2d Pid %6d on %10s\n", r, pids[r], all + r * sizeof(host));
         }
-        printf("#\n#%51s%22s%11s%21s\n", "", "out-of-place", "", "in-place");
-        printf("#%11s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "size",
-               "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
-               "algbw", "busbw", "#wrong");
-        printf("#%11s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "(B)",
-               "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-               "(GB/s)", "");
+        printf("#\n");
+        perf_print_columns();
         fflush(stdout);
     }
     free(pids);
@@ -341,7 +291,7 @@ int main(int argc, char **argv)
         return rc > 0 ? 0 : 2;
     }
     size_t bytes_max = o.maxbytes ? o.maxbytes : 1;
-    float *sbuf = alloc_touched(bytes_max), *rbuf = alloc_touched(bytes_max);
+    float *sbuf = perf_alloc_touched(bytes_max), *rbuf = perf_alloc_touched(bytes_max);
     int failed = sbuf == NULL || rbuf == NULL;
     MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (failed) {

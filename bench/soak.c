@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
 #include <weft.h>
@@ -29,7 +28,6 @@
 #define SOAK_SEED 0x5eedc0ffee2026ull
 #define SOAK_MAX_OFF 7          /* elements: buffers start 0..7 elements in */
 #define SOAK_PAD (SOAK_MAX_OFF * PERF_MAX_ELEM)
-#define SOAK_HUGE (2u << 20)
 
 typedef enum {
     SOAK_ALLREDUCE,
@@ -592,21 +590,6 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Allocates and touches a buffer once; huge pages for large ones, because
- * a first touch of a small page is slow on these VMs. */
-static void *soak_alloc(size_t bytes)
-{
-    size_t align = bytes >= SOAK_HUGE ? SOAK_HUGE : 4096;
-    bytes = (bytes + align - 1) / align * align;
-    void *p = NULL;
-    if (posix_memalign(&p, align, bytes) != 0)
-        return NULL;
-    if (bytes >= SOAK_HUGE)
-        (void)madvise(p, bytes, MADV_HUGEPAGE); /* a hint: kernels without THP say EINVAL */
-    memset(p, 0, bytes);
-    return p;
-}
-
 static void soak_progress(const soak_ctx_t *ctx, uint64_t done, double t0, double *t_last,
                           uint64_t *done_last)
 {
@@ -774,8 +757,8 @@ int main(int argc, char **argv)
      * rank stops cleanly together. */
     int32_t failed = 0;
     ctx.bufbytes = o->max_bytes + SOAK_PAD + 1;
-    ctx.sendbase = soak_alloc(ctx.bufbytes);
-    ctx.recvbase = soak_alloc(ctx.bufbytes);
+    ctx.sendbase = perf_alloc_touched(ctx.bufbytes);
+    ctx.recvbase = perf_alloc_touched(ctx.bufbytes);
     if (ctx.sendbase == NULL || ctx.recvbase == NULL) {
         fprintf(stderr, "weft-soak: rank %d: cannot allocate 2 x %zu bytes\n", ctx.rank,
                 ctx.bufbytes);

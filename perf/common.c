@@ -13,11 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
-#define PERF_HUGE (2u << 20)
 #define PERF_MAX_REPORTS 8 /* per rank, so a broken build does not flood stderr */
 #define PERF_MAX_PLANS 16  /* -A entries */
 #define PERF_MAX_ROUNDS 64 /* -N */
@@ -36,14 +33,88 @@ static const struct {
     {"fp64", WEFT_FLOAT64},
 };
 
+/* One collective the tools measure: a static constant, never changed. */
+typedef struct {
+    const char *name;      /* "all_reduce", printed in the header */
+    perf_kind_t kind;
+    int has_op;            /* -o applies; the redop column shows "none" otherwise */
+    int has_root;          /* -r applies; the root column shows -1 otherwise */
+    int check_in_place;    /* 0 where in place aliases the data (sendrecv) */
+    double (*bus_factor)(int nranks);  /* busbw = algbw * bus_factor(n) */
+} perf_coll_t;
+
+/* The bus factors of nccl-tests: what each rank's link carries per byte
+ * of the size column. */
+static double bus_allreduce(int n)
+{
+    return 2.0 * (n - 1) / n;
+}
+
+static double bus_split(int n) /* reduce_scatter, allgather */
+{
+    return (double)(n - 1) / n;
+}
+
+static double bus_one(int n) /* rooted and point to point */
+{
+    (void)n;
+    return 1.0;
+}
+
+/* Every collective the tools measure, by kind.  In place, sendrecv sends
+ * and receives the same buffer at once, so, as in nccl-tests, it is timed
+ * but not checked. */
+static const perf_coll_t perf_colls[] = {
+    [PERF_KIND_ALLREDUCE] = {"all_reduce", PERF_KIND_ALLREDUCE, 1, 0, 1, bus_allreduce},
+    [PERF_KIND_REDUCE_SCATTER] = {"reduce_scatter", PERF_KIND_REDUCE_SCATTER, 1, 0, 1, bus_split},
+    [PERF_KIND_ALLGATHER] = {"all_gather", PERF_KIND_ALLGATHER, 0, 0, 1, bus_split},
+    [PERF_KIND_BROADCAST] = {"broadcast", PERF_KIND_BROADCAST, 0, 1, 1, bus_one},
+    [PERF_KIND_REDUCE] = {"reduce", PERF_KIND_REDUCE, 1, 1, 1, bus_one},
+    [PERF_KIND_SENDRECV] = {"sendrecv", PERF_KIND_SENDRECV, 0, 0, 0, bus_one},
+};
+
+/* A ring: each rank sends to rank+1 and receives from rank-1 in one group. */
+static weft_status_t perf_sendrecv(const perf_call_t *c, weft_comm_t comm)
+{
+    int next = (c->rank + 1) % c->nranks, prev = (c->rank + c->nranks - 1) % c->nranks;
+    weft_status_t st = weft_group_start();
+    if (st != WEFT_OK)
+        return st;
+    weft_status_t st_send = weft_send(c->sendbuf, c->count, c->dtype, next, comm);
+    weft_status_t st_recv = weft_recv(c->recvbuf, c->count, c->dtype, prev, comm);
+    /* The group must be closed even when queueing failed. */
+    st = weft_group_end();
+    return st_send != WEFT_OK ? st_send : st_recv != WEFT_OK ? st_recv : st;
+}
+
+/* The weft call a benchmark of this kind times. */
+static weft_status_t perf_run(perf_kind_t kind, const perf_call_t *c, weft_comm_t comm)
+{
+    switch (kind) {
+    case PERF_KIND_ALLREDUCE:
+        return weft_allreduce(c->sendbuf, c->recvbuf, c->count, c->dtype, c->op, comm);
+    case PERF_KIND_REDUCE_SCATTER:
+        return weft_reduce_scatter(c->sendbuf, c->recvbuf, c->count, c->dtype, c->op, comm);
+    case PERF_KIND_ALLGATHER:
+        return weft_allgather(c->sendbuf, c->recvbuf, c->count, c->dtype, comm);
+    case PERF_KIND_BROADCAST:
+        return weft_broadcast(c->sendbuf, c->recvbuf, c->count, c->dtype, c->root, comm);
+    case PERF_KIND_REDUCE:
+        return weft_reduce(c->sendbuf, c->recvbuf, c->count, c->dtype, c->op, c->root, comm);
+    case PERF_KIND_SENDRECV:
+        return perf_sendrecv(c, comm);
+    }
+    return WEFT_ERR_INVALID_ARG;
+}
+
 /* The command line, parsed once; a value. */
 typedef struct {
     size_t minbytes, maxbytes, stepbytes;
     long stepfactor;
     int iters, warmup, check, blocking;
     int dtype_all, op_all, root_all;
-    weft_dtype_t dtype;
-    weft_op_t op;
+    int dtype;             /* -d: a weft_dtype_t */
+    int op;                /* -o: a weft_op_t */
     int root;
     const char *algo;      /* -a, or NULL */
     const char *plans;     /* -A, or NULL */
@@ -101,27 +172,6 @@ static weft_status_t perf_fail(perf_ctx_t *ctx, const char *what, weft_status_t 
             return perf_fail((ctx), (what), st_);                                             \
     } while (0)
 
-int perf_parse_size(const char *s, size_t *out)
-{
-    char *end;
-    if (*s < '0' || *s > '9')
-        return -1;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10), mult = 1;
-    if (errno)
-        return -1;
-    switch (*end) {
-    case 'k': case 'K': mult = 1ull << 10; end++; break;
-    case 'm': case 'M': mult = 1ull << 20; end++; break;
-    case 'g': case 'G': mult = 1ull << 30; end++; break;
-    default: break;
-    }
-    if (*end != '\0' || v > SIZE_MAX / mult)
-        return -1;
-    *out = (size_t)(v * mult);
-    return 0;
-}
-
 static int parse_int(const char *s, long min, long max, long *out)
 {
     char *end;
@@ -131,6 +181,38 @@ static int parse_int(const char *s, long min, long max, long *out)
         return -1;
     *out = v;
     return 0;
+}
+
+/* The datatype -d names (its printed name or an alias), or -1. */
+static long dtype_of(const char *s)
+{
+    for (int t = 0; t < WEFT_NUM_DTYPES; t++)
+        if (strcmp(s, dtype_names[t]) == 0)
+            return t;
+    for (size_t k = 0; k < sizeof(dtype_aliases) / sizeof(dtype_aliases[0]); k++)
+        if (strcmp(s, dtype_aliases[k].name) == 0)
+            return (long)dtype_aliases[k].dtype;
+    return -1;
+}
+
+/* The op -o names, or -1. */
+static long op_of(const char *s)
+{
+    for (int k = 0; k < WEFT_NUM_OPS; k++)
+        if (strcmp(s, op_names[k]) == 0)
+            return k;
+    return -1;
+}
+
+/* -d and -o: *all says whether s is "all"; otherwise lookup(s), when it
+ * knows s, goes to *value.  0, or -1 when s is neither. */
+static int parse_choice(const char *s, long (*lookup)(const char *), int *all, int *value)
+{
+    *all = strcmp(s, "all") == 0;
+    long v = *all ? -1 : lookup(s);
+    if (v >= 0)
+        *value = (int)v;
+    return *all || v >= 0 ? 0 : -1;
 }
 
 static void perf_usage(const perf_coll_t *coll, FILE *f)
@@ -206,23 +288,8 @@ static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_
         case 'N': if (parse_int(optarg, 1, PERF_MAX_ROUNDS, &v)) bad = "-N wants 1 to 64"; else o->rounds = (int)v; break;
         case 'J': o->json_path = optarg; break;
         case 'R': if (parse_int(optarg, 0, 1, &v)) bad = "-R wants 0 or 1"; else o->reg = (int)v; break;
-        case 'd':
-            o->dtype_all = strcmp(optarg, "all") == 0;
-            bad = o->dtype_all ? NULL : "-d wants a datatype name or all";
-            for (int t = 0; t < WEFT_NUM_DTYPES && bad; t++)
-                if (strcmp(optarg, dtype_names[t]) == 0)
-                    o->dtype = (weft_dtype_t)t, bad = NULL;
-            for (size_t k = 0; k < sizeof(dtype_aliases) / sizeof(dtype_aliases[0]) && bad; k++)
-                if (strcmp(optarg, dtype_aliases[k].name) == 0)
-                    o->dtype = dtype_aliases[k].dtype, bad = NULL;
-            break;
-        case 'o':
-            o->op_all = strcmp(optarg, "all") == 0;
-            bad = o->op_all ? NULL : "-o wants sum, prod, max, min, avg or all";
-            for (int k = 0; k < WEFT_NUM_OPS && bad; k++)
-                if (strcmp(optarg, op_names[k]) == 0)
-                    o->op = (weft_op_t)k, bad = NULL;
-            break;
+        case 'd': if (parse_choice(optarg, dtype_of, &o->dtype_all, &o->dtype)) bad = "-d wants a datatype name or all"; break;
+        case 'o': if (parse_choice(optarg, op_of, &o->op_all, &o->op)) bad = "-o wants sum, prod, max, min, avg or all"; break;
         case 'r':
             if (strcmp(optarg, "all") == 0 || strcmp(optarg, "-1") == 0)
                 o->root_all = 1;
@@ -255,28 +322,6 @@ static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_
     if (o->rounds == 0)
         o->rounds = o->plans ? 5 : 1;
     return 0;
-}
-
-/* Allocates and touches a benchmark buffer; asks for huge pages on big ones
- * because a first touch of a small page costs ~13us here. */
-static void *perf_alloc(size_t bytes)
-{
-    size_t align = bytes >= PERF_HUGE ? PERF_HUGE : 4096;
-    bytes = (bytes + align - 1) / align * align;
-    void *p = NULL;
-    if (posix_memalign(&p, align, bytes) != 0)
-        return NULL;
-    if (bytes >= PERF_HUGE)
-        (void)madvise(p, bytes, MADV_HUGEPAGE); /* a hint: kernels without THP say EINVAL */
-    memset(p, 0, bytes);
-    return p;
-}
-
-static double perf_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
 /* Where one placement of one size puts its data. */
@@ -374,14 +419,14 @@ static weft_status_t perf_warm(perf_ctx_t *ctx, const perf_call_t *call, weft_co
 {
     if (ctx->opt.warmup >= 0) {
         for (int k = 0; k < ctx->opt.warmup; k++)
-            PERF_CHECK(ctx, ctx->coll->name, ctx->coll->run(call, c));
+            PERF_CHECK(ctx, ctx->coll->name, perf_run(ctx->coll->kind, call, c));
         return WEFT_OK;
     }
     double t0 = perf_now_us(), ms = 0;
     for (int done = 0; done < PERF_WARM_MAX && (done < PERF_WARM_MIN || ms < PERF_WARM_MS);
          done += PERF_WARM_BATCH) {
         for (int k = 0; k < PERF_WARM_BATCH; k++)
-            PERF_CHECK(ctx, ctx->coll->name, ctx->coll->run(call, c));
+            PERF_CHECK(ctx, ctx->coll->name, perf_run(ctx->coll->kind, call, c));
         ms = (perf_now_us() - t0) * 1e-3;
         PERF_CHECK(ctx, "weft_allreduce (warm-up)",
                    weft_allreduce(&ms, &ms, 1, WEFT_FLOAT64, WEFT_MAX, ctx->comm));
@@ -440,7 +485,7 @@ static weft_status_t perf_time(perf_ctx_t *ctx, const perf_call_t *call,
                        weft_allreduce(ctx->sync, ctx->sync, 1, WEFT_FLOAT64, WEFT_SUM, ctx->comm));
             double t0 = perf_now_us();
             for (int it = 0; it < ctx->opt.iters; it++)
-                PERF_CHECK(ctx, coll->name, coll->run(call, c));
+                PERF_CHECK(ctx, coll->name, perf_run(coll->kind, call, c));
             double us = (perf_now_us() - t0) / ctx->opt.iters;
             PERF_CHECK(ctx, "weft_allreduce (time)",
                        weft_allreduce(&us, &us, 1, WEFT_FLOAT64, WEFT_MAX, ctx->comm));
@@ -486,7 +531,7 @@ static weft_status_t perf_measure(perf_ctx_t *ctx, size_t bytes, int root, int i
         perf_outputs(ctx, &l, root, NULL);
         if (coll->kind != PERF_KIND_BROADCAST || ctx->rank == root)
             buffer_fill(l.in, l.in_count, ts, ctx->tab_in, 0);
-        PERF_CHECK(ctx, coll->name, coll->run(&l.call, perf_plan_comm(ctx, i)));
+        PERF_CHECK(ctx, coll->name, perf_run(coll->kind, &l.call, perf_plan_comm(ctx, i)));
         perf_outputs(ctx, &l, root, &w);
         PERF_CHECK(ctx, "weft_allreduce (check)",
                    weft_allreduce(&w, &w, 1, WEFT_INT64, WEFT_SUM, ctx->comm));
@@ -625,10 +670,7 @@ static weft_status_t perf_header(perf_ctx_t *ctx)
         const perf_opts_t *o = &ctx->opt;
         const char *algo = getenv("WEFT_ALGO");
         char step[48];
-        if (o->stepfactor > 1)
-            snprintf(step, sizeof(step), "%ld(factor)", o->stepfactor);
-        else
-            snprintf(step, sizeof(step), "%zu(bytes)", o->stepbytes);
+        perf_step_text(step, sizeof(step), o->stepfactor, o->stepbytes);
         printf("# weft %d.%d.%d %s_perf\n", WEFT_VERSION_MAJOR, WEFT_VERSION_MINOR,
                WEFT_VERSION_PATCH, ctx->coll->name);
         char warm[24] = "auto";
@@ -647,14 +689,7 @@ static weft_status_t perf_header(perf_ctx_t *ctx)
             printf("#  Rank %2d Pid %6d on %10s\n", (int)all[r].rank, (int)all[r].pid, all[r].host);
         }
         printf("#\n");
-        /* Each label centred over its 33-column block, as nccl-tests does. */
-        printf("#%51s%22s%11s%21s\n", "", "out-of-place", "", "in-place");
-        printf("#%11s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "size",
-               "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
-               "algbw", "busbw", "#wrong");
-        printf("#%11s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s\n", "(B)",
-               "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-               "(GB/s)", "");
+        perf_print_columns();
         fflush(stdout);
     }
     if (ctx->json) {
@@ -724,8 +759,8 @@ static weft_status_t perf_all_cases(perf_ctx_t *ctx)
 {
     const perf_coll_t *coll = ctx->coll;
     const perf_opts_t *o = &ctx->opt;
-    int t0 = o->dtype_all ? 0 : (int)o->dtype, t1 = o->dtype_all ? WEFT_NUM_DTYPES - 1 : t0;
-    int op0 = o->op_all && coll->has_op ? 0 : (int)o->op;
+    int t0 = o->dtype_all ? 0 : o->dtype, t1 = o->dtype_all ? WEFT_NUM_DTYPES - 1 : t0;
+    int op0 = o->op_all && coll->has_op ? 0 : o->op;
     int op1 = o->op_all && coll->has_op ? WEFT_NUM_OPS - 1 : op0;
     int r0 = !coll->has_root ? -1 : o->root_all ? 0 : o->root;
     int r1 = !coll->has_root ? -1 : o->root_all ? ctx->nranks - 1 : o->root;
@@ -739,8 +774,9 @@ static weft_status_t perf_all_cases(perf_ctx_t *ctx)
     return WEFT_OK;
 }
 
-int perf_main(const perf_coll_t *coll, int argc, char **argv)
+int perf_main(perf_kind_t kind, int argc, char **argv)
 {
+    const perf_coll_t *coll = &perf_colls[kind];
     perf_ctx_t *ctx = calloc(1, sizeof(*ctx));
     int exit_code = 1;
     if (ctx == NULL) {
@@ -780,8 +816,8 @@ int perf_main(const perf_coll_t *coll, int argc, char **argv)
      * enters a collective, so every rank stops cleanly together. */
     int32_t failed = 0;
     ctx->bufbytes = ctx->opt.maxbytes ? ctx->opt.maxbytes : 1;
-    ctx->sendbuf = perf_alloc(ctx->bufbytes);
-    ctx->recvbuf = perf_alloc(ctx->bufbytes);
+    ctx->sendbuf = perf_alloc_touched(ctx->bufbytes);
+    ctx->recvbuf = perf_alloc_touched(ctx->bufbytes);
     if (ctx->sendbuf == NULL || ctx->recvbuf == NULL) {
         fprintf(stderr, "# rank %d: cannot allocate 2 x %zu bytes\n", ctx->rank, ctx->bufbytes);
         failed = 1;

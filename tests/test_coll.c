@@ -26,6 +26,7 @@
 #include "comm.h"                /* comm->algos: what WEFT_ALGO allowed */
 #include "harness.h"
 #include "select/tune.h"
+#include "tc_job.h"
 
 /* ---- inputs and expected values ------------------------------------------ */
 
@@ -146,6 +147,24 @@ static size_t counts_of(int p, size_t large, size_t out[5])
 
 /* ---- the matrix ------------------------------------------------------------ */
 
+/* Poisons the receive buffer and copies this rank's input (bytes of it)
+ * to where a reducing call reads it: the receive buffer in place, the
+ * send buffer otherwise.  Returns that buffer. */
+static uint8_t *stage_input(struct tc *c, bool inplace, size_t bytes)
+{
+    poison_rcv(c, bytes);
+    uint8_t *src = inplace ? c->rcv : c->snd;
+    memcpy(src, c->in, bytes);
+    return src;
+}
+
+/* An out-of-place call must leave its send buffer (bytes) as staged. */
+static void check_sendbuf(struct tc *c, const char *what, bool inplace, size_t bytes)
+{
+    if (!inplace && memcmp(c->snd, c->in, bytes) != 0)
+        report(c, "%s: sendbuf was modified", what);
+}
+
 static int run_allreduce(struct tc *c, weft_dtype_t dt, weft_op_t op)
 {
     size_t es = weft_dtype_size(dt), counts[5], nc = counts_of(c->p, LARGE, counts);
@@ -155,16 +174,9 @@ static int run_allreduce(struct tc *c, weft_dtype_t dt, weft_op_t op)
         for (int inplace = 0; inplace < 2; inplace++) {
             snprintf(what, sizeof(what), "allreduce p=%d n=%zu %s%s", c->p, n,
                      weft_test_op_name(op), inplace ? " in place" : "");
-            poison_rcv(c, n * es);
-            if (inplace) {
-                memcpy(c->rcv, c->in, n * es);
-                CALL(c, what, weft_allreduce(c->rcv, c->rcv, n, dt, op, c->comm));
-            } else {
-                memcpy(c->snd, c->in, n * es);
-                CALL(c, what, weft_allreduce(c->snd, c->rcv, n, dt, op, c->comm));
-                if (memcmp(c->snd, c->in, n * es) != 0)
-                    report(c, "%s: sendbuf was modified", what);
-            }
+            uint8_t *src = stage_input(c, inplace, n * es);
+            CALL(c, what, weft_allreduce(src, c->rcv, n, dt, op, c->comm));
+            check_sendbuf(c, what, inplace, n * es);
             check_vals(c, what, c->rcv, c->want, dt, n);
             check_guards(c, what, n * es);
         }
@@ -181,20 +193,13 @@ static int run_reduce_scatter(struct tc *c, weft_dtype_t dt, weft_op_t op)
         for (int inplace = 0; inplace < 2; inplace++) {
             snprintf(what, sizeof(what), "reduce_scatter p=%d recvcount=%zu %s%s", c->p, n,
                      weft_test_op_name(op), inplace ? " in place" : "");
-            poison_rcv(c, total * es);
-            if (inplace) {
-                memcpy(c->rcv, c->in, total * es);
-                CALL(c, what, weft_reduce_scatter(c->rcv, c->rcv + mine, n, dt, op, c->comm));
-                check_vals(c, what, c->rcv + mine, c->want + mine, dt, n);
-                check_guards(c, what, total * es);
-            } else {
-                memcpy(c->snd, c->in, total * es);
-                CALL(c, what, weft_reduce_scatter(c->snd, c->rcv, n, dt, op, c->comm));
-                if (memcmp(c->snd, c->in, total * es) != 0)
-                    report(c, "%s: sendbuf was modified", what);
-                check_vals(c, what, c->rcv, c->want + mine, dt, n);
-                check_guards(c, what, n * es);
-            }
+            uint8_t *src = stage_input(c, inplace, total * es);
+            /* In place, this rank's block stays where it sits in the input. */
+            uint8_t *dst = inplace ? c->rcv + mine : c->rcv;
+            CALL(c, what, weft_reduce_scatter(src, dst, n, dt, op, c->comm));
+            check_sendbuf(c, what, inplace, total * es);
+            check_vals(c, what, dst, c->want + mine, dt, n);
+            check_guards(c, what, inplace ? total * es : n * es);
         }
     }
     return 0;
@@ -217,24 +222,15 @@ static int run_reduce(struct tc *c, weft_dtype_t dt, weft_op_t op)
             for (int inplace = 0; inplace < 2; inplace++) {
                 snprintf(what, sizeof(what), "reduce p=%d root=%d n=%zu %s%s", c->p, root, n,
                          weft_test_op_name(op), inplace ? " in place" : "");
-                poison_rcv(c, n * es);
-                if (inplace) {
-                    memcpy(c->rcv, c->in, n * es);
-                    CALL(c, what, weft_reduce(c->rcv, c->rcv, n, dt, op, root, c->comm));
-                    if (c->rank == root)
-                        check_vals(c, what, c->rcv, c->want, dt, n);
-                    else if (memcmp(c->rcv, c->in, n * es) != 0)
-                        report(c, "%s: a non-root's buffer was modified", what);
-                } else {
-                    memcpy(c->snd, c->in, n * es);
-                    CALL(c, what, weft_reduce(c->snd, c->rcv, n, dt, op, root, c->comm));
-                    if (memcmp(c->snd, c->in, n * es) != 0)
-                        report(c, "%s: sendbuf was modified", what);
-                    if (c->rank == root)
-                        check_vals(c, what, c->rcv, c->want, dt, n);
-                    else if (!weft_test_gbuf_untouched(&c->rcvg, n * es))
-                        report(c, "%s: recvbuf written on a non-root rank", what);
-                }
+                uint8_t *src = stage_input(c, inplace, n * es);
+                CALL(c, what, weft_reduce(src, c->rcv, n, dt, op, root, c->comm));
+                check_sendbuf(c, what, inplace, n * es);
+                if (c->rank == root)
+                    check_vals(c, what, c->rcv, c->want, dt, n);
+                else if (inplace && memcmp(c->rcv, c->in, n * es) != 0)
+                    report(c, "%s: a non-root's buffer was modified", what);
+                else if (!inplace && !weft_test_gbuf_untouched(&c->rcvg, n * es))
+                    report(c, "%s: recvbuf written on a non-root rank", what);
                 check_guards(c, what, n * es);
             }
         }
@@ -671,31 +667,27 @@ out:
 
 /* ---- the job ------------------------------------------------------------------ */
 
-static int coll_body(weft_comm_t comm, int rank, int p, void *arg)
+static int coll_steps(struct tc *c, void *arg)
 {
-    struct tc c;
-    int rc = 1;
-    if (tc_alloc(&c, comm, rank, p))
-        goto out;
     const struct job *jb = arg;
     const char *only = jb->only;
     bool all = only == NULL;
-    if (check_algo(&c, jb))
-        goto out;
-    if ((all || strstr(only, "matrix")) && run_matrix(&c))
-        goto out;
-    if (!all && strstr(only, "allreduce") && run_allreduce_matrix(&c))
-        goto out;
-    if (!all && strstr(only, "rdbig") && run_rd_big(&c))
-        goto out;
-    if ((all || strstr(only, "bitwise")) && run_bitwise(&c))
-        goto out;
-    if ((all || strstr(only, "nan")) && run_nan_order(&c))
-        goto out;
-    rc = tc_verdict(&c);
-out:
-    tc_free(&c);
-    return rc;
+    if (check_algo(c, jb))
+        return 1;
+    if ((all || strstr(only, "matrix")) && run_matrix(c))
+        return 1;
+    if (!all && strstr(only, "allreduce") && run_allreduce_matrix(c))
+        return 1;
+    if (!all && strstr(only, "rdbig") && run_rd_big(c))
+        return 1;
+    if ((all || strstr(only, "bitwise")) && run_bitwise(c))
+        return 1;
+    return (all || strstr(only, "nan")) && run_nan_order(c);
+}
+
+static int coll_body(weft_comm_t comm, int rank, int p, void *arg)
+{
+    return tc_job(comm, rank, p, coll_steps, arg);
 }
 
 /* Runs one job.  algo: WEFT_ALGO for it (NULL unsets it, whatever the
@@ -720,6 +712,29 @@ static void run_ranks(int p, int timeout_s)
     run_job(p, timeout_s, NULL, -1, NULL);
 }
 
+/* Sets each NAME=value of a space-separated list in the environment.
+ * Parameters are read once per process, and each Test runs in its own. */
+static void set_params(const char *list)
+{
+    char buf[256];
+    cr_assert_lt(strlen(list), sizeof(buf), "parameter list too long: %s", list);
+    strcpy(buf, list);
+    char *save = NULL;
+    for (char *kv = strtok_r(buf, " ", &save); kv; kv = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(kv, '=');
+        cr_assert_not_null(eq, "\"%s\" is not NAME=value", kv);
+        *eq = '\0';
+        setenv(kv, eq + 1, 1);
+    }
+}
+
+/* The whole matrix on p ranks with params (see set_params) set. */
+static void run_ranks_with(int p, const char *params)
+{
+    set_params(params);
+    run_ranks(p, 180);
+}
+
 Test(coll, ranks_1, .timeout = 200) { run_ranks(1, 180); }
 Test(coll, ranks_2, .timeout = 200) { run_ranks(2, 180); }
 Test(coll, ranks_3, .timeout = 200) { run_ranks(3, 180); }
@@ -729,60 +744,25 @@ Test(coll, ranks_7, .timeout = 200) { run_ranks(7, 180); }
 Test(coll, ranks_8, .timeout = 200) { run_ranks(8, 180); }
 
 /* The same matrix with the pipeline cut fine (many chunks per operation,
- * few staging slots) and with several TCP streams per peer.  Parameters
- * are read once per process, and each Test runs in its own. */
+ * few staging slots) and with several TCP streams per peer. */
 Test(coll, ranks_4_chunk_4k_slots_2, .timeout = 200)
 {
-    setenv("WEFT_CHUNK_SIZE", "4096", 1);
-    setenv("WEFT_STAGING_SLOTS", "2", 1);
-    run_ranks(4, 180);
+    run_ranks_with(4, "WEFT_CHUNK_SIZE=4096 WEFT_STAGING_SLOTS=2");
 }
-
 Test(coll, ranks_5_streams_4_chunk_64k, .timeout = 200)
 {
-    setenv("WEFT_SOCKET_NSTREAMS", "4", 1);
-    setenv("WEFT_CHUNK_SIZE", "65536", 1);
-    run_ranks(5, 180);
+    run_ranks_with(5, "WEFT_SOCKET_NSTREAMS=4 WEFT_CHUNK_SIZE=65536");
 }
 
 /* Ranks on one host talk through shared memory by default; the same
  * matrix over tcp alone, over shm alone, and mixed: one machine posing as
  * two or three hosts (shm inside each, tcp between). */
-Test(coll, tcp_ranks_3, .timeout = 200)
-{
-    setenv("WEFT_TRANSPORT", "tcp", 1);
-    run_ranks(3, 180);
-}
-
-Test(coll, tcp_ranks_4, .timeout = 200)
-{
-    setenv("WEFT_TRANSPORT", "^shm", 1);
-    run_ranks(4, 180);
-}
-
-Test(coll, shm_only_ranks_5, .timeout = 200)
-{
-    setenv("WEFT_TRANSPORT", "shm", 1);
-    run_ranks(5, 180);
-}
-
-Test(coll, mixed_2_hosts_of_2, .timeout = 200)
-{
-    setenv("WEFT_TEST_HOSTS", "2", 1);
-    run_ranks(4, 180);
-}
-
-Test(coll, mixed_3_hosts_7_ranks, .timeout = 200)
-{
-    setenv("WEFT_TEST_HOSTS", "3", 1);
-    run_ranks(7, 180);
-}
-
-Test(coll, ranks_2_chunk_256, .timeout = 200)
-{
-    setenv("WEFT_CHUNK_SIZE", "256", 1);
-    run_ranks(2, 180);
-}
+Test(coll, tcp_ranks_3, .timeout = 200) { run_ranks_with(3, "WEFT_TRANSPORT=tcp"); }
+Test(coll, tcp_ranks_4, .timeout = 200) { run_ranks_with(4, "WEFT_TRANSPORT=^shm"); }
+Test(coll, shm_only_ranks_5, .timeout = 200) { run_ranks_with(5, "WEFT_TRANSPORT=shm"); }
+Test(coll, mixed_2_hosts_of_2, .timeout = 200) { run_ranks_with(4, "WEFT_TEST_HOSTS=2"); }
+Test(coll, mixed_3_hosts_7_ranks, .timeout = 200) { run_ranks_with(7, "WEFT_TEST_HOSTS=3"); }
+Test(coll, ranks_2_chunk_256, .timeout = 200) { run_ranks_with(2, "WEFT_CHUNK_SIZE=256"); }
 
 /* The whole matrix (every collective, size, dtype, op and root), bitwise
  * identity and operand order under each algorithm family forced, over

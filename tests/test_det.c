@@ -140,6 +140,17 @@ static int dfail(struct dr *c, const char *what, const void *got, const void *wa
     return 1;
 }
 
+/* One case: c->want gets the left fold, in rank order, of the n inputs
+ * from element first on; c->in this rank's first nin inputs. */
+static void det_case(struct dr *c, weft_dtype_t dt, weft_op_t op, size_t first, size_t n,
+                     size_t nin)
+{
+    int order[8];
+    rank_order(c->p, order);
+    fold(c->want, c->tmp, dt, op, c->p, order, first, n);
+    make_wild(c->in, dt, c->rank, 0, nin);
+}
+
 #define DCALL(c, what, call)                                                                   \
     do {                                                                                       \
         weft_status_t st_ = (call);                                                            \
@@ -153,13 +164,10 @@ static int det_allreduce(struct dr *c, weft_dtype_t dt, weft_op_t op)
 {
     size_t es = weft_dtype_size(dt), p = (size_t)c->p;
     size_t counts[] = {0, 1, p - 1, p + 1, FUSE_B, BIG};
-    int order[8];
-    rank_order(c->p, order);
     char what[128];
     for (size_t i = 0; i < WEFT_ARRAY_SIZE(counts); i++) {
         size_t n = counts[i];
-        fold(c->want, c->tmp, dt, op, c->p, order, 0, n);
-        make_wild(c->in, dt, c->rank, 0, n);
+        det_case(c, dt, op, 0, n, n);
         for (int inplace = 0; inplace < 2; inplace++) {
             snprintf(what, sizeof(what), "allreduce n=%zu %s %s%s", n, weft_test_dtype_name(dt),
                      weft_test_op_name(op), inplace ? " in place" : "");
@@ -171,8 +179,7 @@ static int det_allreduce(struct dr *c, weft_dtype_t dt, weft_op_t op)
     }
     /* Fused: A and B reduced apart, then A||B in one call. */
     size_t na = FUSE_A, nb = FUSE_B;
-    fold(c->want, c->tmp, dt, op, c->p, order, 0, na + nb);
-    make_wild(c->in, dt, c->rank, 0, na + nb);
+    det_case(c, dt, op, 0, na + nb, na + nb);
     snprintf(what, sizeof(what), "allreduce of A and B apart, %s %s", weft_test_dtype_name(dt),
              weft_test_op_name(op));
     DCALL(c, what, weft_allreduce(c->in, c->sep, na, dt, op, c->comm));
@@ -191,13 +198,10 @@ static int det_reduce_scatter(struct dr *c, weft_dtype_t dt, weft_op_t op)
 {
     size_t es = weft_dtype_size(dt), p = (size_t)c->p;
     size_t counts[] = {0, 1, p + 1, SEG};
-    int order[8];
-    rank_order(c->p, order);
     char what[128];
     for (size_t i = 0; i < WEFT_ARRAY_SIZE(counts); i++) {
         size_t n = counts[i], mine = (size_t)c->rank * n;
-        fold(c->want, c->tmp, dt, op, c->p, order, mine, n); /* my block only */
-        make_wild(c->in, dt, c->rank, 0, n * p);
+        det_case(c, dt, op, mine, n, n * p); /* my block only */
         for (int inplace = 0; inplace < 2; inplace++) {
             snprintf(what, sizeof(what), "reduce_scatter recvcount=%zu %s %s%s", n,
                      weft_test_dtype_name(dt), weft_test_op_name(op), inplace ? " in place" : "");
@@ -214,13 +218,10 @@ static int det_reduce(struct dr *c, weft_dtype_t dt, weft_op_t op)
 {
     size_t es = weft_dtype_size(dt);
     size_t counts[] = {1, (size_t)c->p + 1, FUSE_B};
-    int order[8];
-    rank_order(c->p, order);
     char what[128];
     for (size_t i = 0; i < WEFT_ARRAY_SIZE(counts); i++) {
         size_t n = counts[i];
-        fold(c->want, c->tmp, dt, op, c->p, order, 0, n);
-        make_wild(c->in, dt, c->rank, 0, n);
+        det_case(c, dt, op, 0, n, n);
         for (int root = 0; root < c->p; root++) {
             int inplace = (root + (int)i) % 2;
             snprintf(what, sizeof(what), "reduce root=%d n=%zu %s %s%s", root, n,
@@ -250,10 +251,7 @@ static int det_all(struct dr *c)
 static int det_off_differs(struct dr *c)
 {
     size_t n = FUSE_B;
-    int order[8];
-    rank_order(c->p, order);
-    fold(c->want, c->tmp, WEFT_FLOAT32, WEFT_SUM, c->p, order, 0, n);
-    make_wild(c->in, WEFT_FLOAT32, c->rank, 0, n);
+    det_case(c, WEFT_FLOAT32, WEFT_SUM, 0, n, n);
     DCALL(c, "allreduce, mode off", weft_allreduce(c->in, c->rcv, n, WEFT_FLOAT32, WEFT_SUM,
                                                     c->comm));
     if (bits_differ(c->rcv, c->want, WEFT_FLOAT32, n) == 0)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "tc_job.h"
 
 /* ---- non-blocking requests ------------------------------------------------- */
 
@@ -347,48 +348,44 @@ static int run_p2p(struct tc *c)
 
 /* ---- the job ------------------------------------------------------------------ */
 
+static int p2p_steps(struct tc *c, void *arg)
+{
+    (void)arg;
+    if (run_nonblocking(c))
+        return 1;
+    if (c->p > 1 && (run_group_ring(c) || run_group_alltoall(c)))
+        return 1;
+    return run_group_colls(c) || run_p2p(c);
+}
+
 static int p2p_body(weft_comm_t comm, int rank, int p, void *arg)
 {
-    struct tc c;
-    int rc = 1;
-    if (tc_alloc(&c, comm, rank, p))
-        goto out;
-    if (run_nonblocking(&c))
-        goto out;
-    if (p > 1 && (run_group_ring(&c) || run_group_alltoall(&c)))
-        goto out;
-    if (run_group_colls(&c) || run_p2p(&c))
-        goto out;
-    rc = tc_verdict(&c);
-out:
-    tc_free(&c);
-    return rc;
+    return tc_job(comm, rank, p, p2p_steps, arg);
 }
 
 /* The non-blocking batches, each on a new communicator split from comm:
  * every batch 1 and 2 then runs the first calls of fresh size classes,
  * whose plans (the measurement's untimed calls, one candidate each) differ
  * from collective to collective while all six are in flight. */
-static int fresh_comms_body(weft_comm_t comm, int rank, int p, void *arg)
+static int fresh_comms_steps(struct tc *c, void *arg)
 {
-    struct tc c;
-    int rc = 1;
-    if (tc_alloc(&c, comm, rank, p))
-        goto out;
+    weft_comm_t comm = c->comm;
     for (int k = 0; k < *(const int *)arg; k++) {
         weft_comm_t sub = NULL;
-        CALL(&c, "weft_comm_split", weft_comm_split(comm, 0, rank, &sub));
-        c.comm = sub;
-        int bad = run_nonblocking(&c);
-        c.comm = comm;
-        CALL(&c, "weft_comm_destroy", weft_comm_destroy(sub));
+        CALL(c, "weft_comm_split", weft_comm_split(comm, 0, c->rank, &sub));
+        c->comm = sub;
+        int bad = run_nonblocking(c);
+        c->comm = comm;
+        CALL(c, "weft_comm_destroy", weft_comm_destroy(sub));
         if (bad)
-            goto out;
+            return 1;
     }
-    rc = tc_verdict(&c);
-out:
-    tc_free(&c);
-    return rc;
+    return 0;
+}
+
+static int fresh_comms_body(weft_comm_t comm, int rank, int p, void *arg)
+{
+    return tc_job(comm, rank, p, fresh_comms_steps, arg);
 }
 
 /* Runs one p-rank job of body; chunk, slots and streams set

@@ -122,6 +122,17 @@ static weft_status_t wrong_secret_handshake(const union weft_sockaddr *to, uint1
     return st;
 }
 
+/* Checks the sum allreduce of x[i] = (rank + 1) * (i - it) over p ranks
+ * (n elements in y); 0, or 1 after saying where it first went wrong. */
+static int expect_rank_sums(int rank, int p, int it, const int32_t *y, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (y[i] != p * (p + 1) / 2 * (i - it))
+            return weft_test_fail(rank, "allreduce %d [%d]: expected %d, got %d", it, i,
+                                  p * (p + 1) / 2 * (i - it), y[i]);
+    return 0;
+}
+
 /* ---- (a) strangers while the job initialises ------------------------------- */
 
 #define A_RANKS 3
@@ -401,12 +412,7 @@ static int hammered_body(weft_comm_t comm, int rank, int p, void *arg)
         }
         WT_CHECK_OK(rank, comm, "allreduce under attack",
                     weft_allreduce(x, y, CNT, WEFT_INT32, WEFT_SUM, comm));
-        for (int i = 0; i < CNT; i++)
-            if (y[i] != p * (p + 1) / 2 * (i - it)) {
-                fails += weft_test_fail(rank, "allreduce %d [%d]: expected %d, got %d", it, i,
-                                        p * (p + 1) / 2 * (i - it), y[i]);
-                break;
-            }
+        fails += expect_rank_sums(rank, p, it, y, CNT);
     }
     if (rank == 0) {
         /* The last 20 operations kept rank 1 serving its listener, so the
@@ -672,12 +678,7 @@ static int cm_body(weft_comm_t comm, int rank, int p, void *arg)
             x[i] = (rank + 1) * (i - it);
         WT_CHECK_OK(rank, comm, "allreduce beside the strangers",
                     weft_allreduce(x, y, CM_CNT, WEFT_INT32, WEFT_SUM, comm));
-        for (int i = 0; i < CM_CNT; i++)
-            if (y[i] != p * (p + 1) / 2 * (i - it)) {
-                fails += weft_test_fail(rank, "allreduce %d [%d]: expected %d, got %d", it, i,
-                                        p * (p + 1) / 2 * (i - it), y[i]);
-                break;
-            }
+        fails += expect_rank_sums(rank, p, it, y, CM_CNT);
     }
     WT_CHECK_OK(rank, comm, "weft_comm_get_error", weft_comm_get_error(comm));
     return fails ? 1 : 0;

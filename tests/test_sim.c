@@ -8,12 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 
 #include "algorithms/schedule.h"
 #include "select/sim.h"
 #include "select/topo.h"
+#include "testcommon.h"
 #include "testutil.h"
 
 /* A uniform network: every link costs the same. */
@@ -125,32 +125,29 @@ Test(sim, only_messages_between_machines_load_a_port)
     cr_expect_float_eq(same.seconds, r.seconds, 1e-12, "the host array changes no time");
 }
 
-Test(sim, ring_allgather_formula)
+/* The ring's allgather and reduce-scatter: p - 1 steps of one block each
+ * way; gamma is what each byte costs to reduce (0 for allgather). */
+static void expect_ring_blocks(int coll, double gamma, const char *what)
 {
     struct weft_sim_model m = uniform_model();
     for (size_t i = 0; i < NPS; i++)
         for (size_t j = 0; j < NBLOCKS; j++) {
             int p = ps[i];
             size_t c = blocks[j];
-            double n = (double)(c * (size_t)p * ESIZE); /* bytes gathered */
-            double want = (p - 1) * U.alpha + (p - 1.0) / p * n * U.beta;
-            expect(sim(&m, WEFT_ALGO_RING, 0, WEFT_COLL_ALLGATHER, p, c, c), want,
-                   "ring allgather", p, (size_t)n);
+            double n = (double)(c * (size_t)p * ESIZE); /* bytes gathered or reduced */
+            double want = (p - 1) * U.alpha + (p - 1.0) / p * n * (U.beta + gamma);
+            expect(sim(&m, WEFT_ALGO_RING, 0, coll, p, c, c), want, what, p, (size_t)n);
         }
+}
+
+Test(sim, ring_allgather_formula)
+{
+    expect_ring_blocks(WEFT_COLL_ALLGATHER, 0, "ring allgather");
 }
 
 Test(sim, ring_reduce_scatter_formula)
 {
-    struct weft_sim_model m = uniform_model();
-    for (size_t i = 0; i < NPS; i++)
-        for (size_t j = 0; j < NBLOCKS; j++) {
-            int p = ps[i];
-            size_t c = blocks[j];
-            double n = (double)(c * (size_t)p * ESIZE); /* bytes reduced */
-            double want = (p - 1) * U.alpha + (p - 1.0) / p * n * (U.beta + GAMMA);
-            expect(sim(&m, WEFT_ALGO_RING, 0, WEFT_COLL_REDUCE_SCATTER, p, c, c), want,
-                   "ring reduce-scatter", p, (size_t)n);
-        }
+    expect_ring_blocks(WEFT_COLL_REDUCE_SCATTER, GAMMA, "ring reduce-scatter");
 }
 
 Test(sim, ring_allreduce_formula)
@@ -377,12 +374,7 @@ static int weft_sim(const char *args, char *out, size_t outlen)
     int n = snprintf(cmd, sizeof(cmd), "cd %s && timeout -k 5 120 ./weft-sim %s 2>&1",
                      weft_test_bindir(), args);
     cr_assert(n > 0 && (size_t)n < sizeof(cmd), "the weft-sim command line is too long");
-    FILE *f = popen(cmd, "r");
-    cr_assert_not_null(f);
-    size_t got = fread(out, 1, outlen - 1, f);
-    out[got] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return weft_test_shell(cmd, out, outlen);
 }
 
 Test(weft_sim, argument_errors)

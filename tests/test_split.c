@@ -11,6 +11,19 @@
 
 #include "harness.h"
 
+/* child's rank and size must be want_rank and n; 0, or 1 after printing
+ * them with what, the communicator's name in the message. */
+static int expect_rank_size(weft_comm_t child, int rank, const char *what, int want_rank, int n)
+{
+    int crank = -1, csize = -1;
+    weft_comm_rank(child, &crank);
+    weft_comm_size(child, &csize);
+    if (crank != want_rank || csize != n)
+        return weft_test_fail(rank, "%s rank/size %d/%d, expected %d/%d", what, crank, csize,
+                              want_rank, n);
+    return 0;
+}
+
 /* Sum over the group of (parent rank + 1): every member must see it. */
 static int check_group_sum(weft_comm_t child, int rank, const int *members, int n)
 {
@@ -46,13 +59,8 @@ static int split_body(weft_comm_t comm, int rank, int nranks, void *arg)
                 members[n++] = r;
                 want_rank += r > rank; /* key -r: higher parent ranks come first */
             }
-        int crank = -1, csize = -1;
-        weft_comm_rank(child, &crank);
-        weft_comm_size(child, &csize);
-        if (crank != want_rank || csize != n)
-            return weft_test_fail(rank, "child rank/size %d/%d, expected %d/%d", crank, csize,
-                                  want_rank, n);
-        if (check_group_sum(child, rank, members, n))
+        if (expect_rank_size(child, rank, "child", want_rank, n) ||
+            check_group_sum(child, rank, members, n))
             return 1;
     }
     /* The parent still works, and a second split is independent. */
@@ -137,12 +145,8 @@ static int shrink_body(weft_comm_t comm, int rank, int nranks, void *arg)
                 want_rank = n;
             members[n++] = r;
         }
-    int crank = -1, csize = -1;
-    weft_comm_rank(child, &crank);
-    weft_comm_size(child, &csize);
-    if (crank != want_rank || csize != n)
-        return weft_test_fail(rank, "shrunk rank/size %d/%d, expected %d/%d", crank, csize,
-                              want_rank, n);
+    if (expect_rank_size(child, rank, "shrunk", want_rank, n))
+        return 1;
     int bad = check_group_sum(child, rank, members, n);
     weft_comm_destroy(child);
     return bad;

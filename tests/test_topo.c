@@ -108,25 +108,21 @@ static void two_socket_fixture(void)
         snprintf(v, sizeof(v), "%d\n", (c % 4) / 2);
         put(rel, v);
     }
-    const char *cache = "sys/devices/system/cpu/cpu0/cache/";
-    char rel[256];
-#define CACHE(i, file, val)                                                                        \
-    snprintf(rel, sizeof(rel), "%sindex%d/%s", cache, i, file);                                    \
-    put(rel, val)
-    CACHE(0, "level", "1\n");
-    CACHE(0, "type", "Data\n");
-    CACHE(0, "size", "32K\n");
-    CACHE(1, "level", "1\n");
-    CACHE(1, "type", "Instruction\n");
-    CACHE(1, "size", "32K\n");
-    CACHE(2, "level", "2\n");
-    CACHE(2, "type", "Unified\n");
-    CACHE(2, "size", "1024K\n");
-    CACHE(3, "level", "3\n");
-    CACHE(3, "type", "Unified\n");
-    CACHE(3, "size", "16M\n");
-    CACHE(3, "shared_cpu_list", "0-3\n");
-#undef CACHE
+    /* cpu0's caches, index by index: level, type, size. */
+    static const char *const files[3] = {"level", "type", "size"};
+    static const char *const caches[4][3] = {
+        {"1\n", "Data\n", "32K\n"},
+        {"1\n", "Instruction\n", "32K\n"},
+        {"2\n", "Unified\n", "1024K\n"},
+        {"3\n", "Unified\n", "16M\n"},
+    };
+    for (int i = 0; i < 4; i++)
+        for (int f = 0; f < 3; f++) {
+            char rel[256];
+            snprintf(rel, sizeof(rel), "sys/devices/system/cpu/cpu0/cache/index%d/%s", i, files[f]);
+            put(rel, caches[i][f]);
+        }
+    put("sys/devices/system/cpu/cpu0/cache/index3/shared_cpu_list", "0-3\n");
     put("sys/devices/system/node/online", "0-1\n");
     put("sys/devices/system/node/has_cpu", "0-1\n");
     put("sys/devices/system/node/node0/cpulist", "0-3\n");

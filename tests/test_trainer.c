@@ -14,9 +14,9 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include "testcommon.h"
 #include "testutil.h"
 
 static char dir[PATH_MAX], work[PATH_MAX];
@@ -53,12 +53,7 @@ static int train(int n, const char *args, char *out, size_t outlen)
              "cd %s && WEFT_SOCKET_IFNAME=lo timeout -k 5 300 %s ./weft-train --data "
              "%s/text.txt --sample 0 %s 2>&1",
              dir, launcher, work, args);
-    FILE *f = popen(cmd, "r");
-    cr_assert_not_null(f);
-    size_t got = fread(out, 1, outlen - 1, f);
-    out[got] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return weft_test_shell(cmd, out, outlen);
 }
 
 /* Per-step training losses from a CSV log. */

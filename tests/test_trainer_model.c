@@ -415,12 +415,15 @@ struct case_ {
     struct model *m;
     const struct model_layout *lay;
     size_t P;
+    int B, T;
     float *params, *g0, *g1;
     uint8_t tok[16], tgt[16];
 };
 
 static void case_make(struct case_ *c, int B, int T, uint64_t init_seed, uint64_t rng_seed)
 {
+    c->B = B;
+    c->T = T;
     c->m = model_create(&tiny, B, T);
     cr_assert(c->m);
     c->lay = model_layout(c->m);
@@ -442,27 +445,30 @@ static void case_free(struct case_ *c)
     model_destroy(c->m);
 }
 
+/* step() on the case's model and tokens. */
+static float case_step(struct case_ *c, const float *params, float *grads,
+                       const struct model_hooks *h)
+{
+    return step(c->m, params, grads, h, c->tok, c->tgt, c->B, c->T);
+}
+
 Test(model, hooks_flat_offsets_are_bitwise_equal_and_ordered)
 {
-    int B = 2, T = 5, L = tiny.layers;
+    int L = tiny.layers;
     struct case_ c;
-    case_make(&c, B, T, 3, 99);
-    const struct model_layout *lay = c.lay;
-    struct model *m = c.m;
-    size_t P = c.P;
-    float *params = c.params, *g0 = c.g0, *g1 = c.g1;
-    uint8_t *tok = c.tok, *tgt = c.tgt;
+    case_make(&c, 2, 5, 3, 99);
+    size_t bytes = c.P * sizeof(float);
+    float l0 = case_step(&c, c.params, c.g0, NULL);
 
-    float l0 = step(m, params, g0, NULL, tok, tgt, B, T);
-    struct rec r = { .lay = lay, .params = params, .grads = g1 };
+    struct rec r = { .lay = c.lay, .params = c.params, .grads = c.g1 };
     struct model_hooks h = { &r, rec_params, rec_params_done, rec_grads, rec_grads_done };
     /* The model must use the hooks' pointers, not the flat buffers: pass
      * none. */
-    memset(g1, 0, P * sizeof(float));
-    float l1 = model_forward(m, NULL, &h, tok, tgt, B, T);
-    model_backward(m, NULL, NULL, &h);
+    memset(c.g1, 0, bytes);
+    float l1 = model_forward(c.m, NULL, &h, c.tok, c.tgt, c.B, c.T);
+    model_backward(c.m, NULL, NULL, &h);
     cr_assert(fbits(l0) == fbits(l1), "loss %a with hooks, %a without", l1, l0);
-    cr_assert(memcmp(g0, g1, P * sizeof(float)) == 0, "gradients differ with hooks");
+    cr_assert(memcmp(c.g0, c.g1, bytes) == 0, "gradients differ with hooks");
 
     /* The documented sequence (model.c's header), for L = 2. */
     int EMB = 0, LNF = L + 1, want_ev[64], want_u[64], n = 0;
@@ -486,8 +492,8 @@ Test(model, hooks_flat_offsets_are_bitwise_equal_and_ordered)
     /* Hooks with NULL members fall back to the flat buffers per member. */
     struct model_hooks partial = { &r, rec_params, NULL, NULL, rec_grads_done };
     r.n = 0;
-    float l2 = step(m, params, g1, &partial, tok, tgt, B, T);
-    cr_assert(fbits(l0) == fbits(l2) && memcmp(g0, g1, P * sizeof(float)) == 0,
+    float l2 = case_step(&c, c.params, c.g1, &partial);
+    cr_assert(fbits(l0) == fbits(l2) && memcmp(c.g0, c.g1, bytes) == 0,
               "partial hooks change the result");
     case_free(&c);
 }
@@ -544,17 +550,12 @@ static void gather_grads_done(void *ctx, int u)
 
 Test(model, hooks_with_private_buffers)
 {
-    int B = 2, T = 5;
     struct case_ c;
-    case_make(&c, B, T, 5, 7);
+    case_make(&c, 2, 5, 5, 7);
     const struct model_layout *lay = c.lay;
-    struct model *m = c.m;
-    size_t P = c.P;
-    float *params = c.params, *g0 = c.g0, *g1 = c.g1;
-    uint8_t *tok = c.tok, *tgt = c.tgt;
-    float l0 = step(m, params, g0, NULL, tok, tgt, B, T);
+    float l0 = case_step(&c, c.params, c.g0, NULL);
 
-    struct gather g = { .lay = lay, .params = params, .grads = g1 };
+    struct gather g = { .lay = lay, .params = c.params, .grads = c.g1 };
     cr_assert(lay->nunits <= 8);
     for (int u = 0; u < lay->nunits; u++) {
         g.pbuf[u] = falloc(lay->unit_off[u + 1] - lay->unit_off[u]);
@@ -562,11 +563,11 @@ Test(model, hooks_with_private_buffers)
     }
     struct model_hooks h = { &g, gather_params, gather_params_done, gather_grads,
                              gather_grads_done };
-    float l1 = step(m, NULL, g1, &h, tok, tgt, B, T);
+    float l1 = case_step(&c, NULL, c.g1, &h);
     cr_assert(fbits(l0) == fbits(l1), "loss %a with private buffers, %a without", l1, l0);
     /* Each unit's gradient arrives as one private sum added to zero: the
      * same bits as accumulating straight into the flat buffer. */
-    cr_assert(memcmp(g0, g1, P * sizeof(float)) == 0, "gradients differ");
+    cr_assert(memcmp(c.g0, c.g1, c.P * sizeof(float)) == 0, "gradients differ");
     for (int u = 0; u < lay->nunits; u++) {
         cr_assert(!g.pheld[u] && !g.gheld[u], "unit %d still held", u);
         free(g.pbuf[u]);
@@ -579,17 +580,14 @@ Test(model, hooks_with_private_buffers)
 
 Test(model, gradients_accumulate)
 {
-    int B = 2, T = 8;
     struct case_ c;
-    case_make(&c, B, T, 11, 12);
-    struct model *m = c.m;
+    case_make(&c, 2, 8, 11, 12);
     size_t P = c.P;
-    float *params = c.params, *g1 = c.g0, *g2 = c.g1;
-    uint8_t *tok = c.tok, *tgt = c.tgt;
-    step(m, params, g1, NULL, tok, tgt, B, T);
-    step(m, params, g2, NULL, tok, tgt, B, T);
-    model_forward(m, params, NULL, tok, tgt, B, T);
-    model_backward(m, params, g2, NULL);
+    float *g1 = c.g0, *g2 = c.g1;
+    case_step(&c, c.params, g1, NULL);
+    case_step(&c, c.params, g2, NULL);
+    model_forward(c.m, c.params, NULL, c.tok, c.tgt, c.B, c.T);
+    model_backward(c.m, c.params, g2, NULL);
     /* Every kernel sums a pass's contribution on its own and adds it to the
      * caller's buffer once, so the second pass adds exactly the first's
      * value: x + x = 2x has no rounding.  Asserted bitwise. */

@@ -4,17 +4,9 @@
 # compiler warnings errors.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-need=()
-for pkg in build-essential autoconf automake libtool pkg-config libcriterion-dev \
-           libhwloc-dev libibverbs-dev librdmacm-dev; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
-done
-if [ ${#need[@]} -gt 0 ]; then
-    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-    echo "installing: ${need[*]}"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+. tools/apt_need.sh
+apt_need build-essential autoconf automake libtool pkg-config libcriterion-dev \
+    libhwloc-dev libibverbs-dev librdmacm-dev
 conf=()
 [ "${1:-}" = --werror ] && conf+=(--enable-werror)
 [ -x configure ] && [ configure -nt configure.ac ] || autoreconf -fi >/dev/null

@@ -18,16 +18,8 @@ case "${1:-}" in
 esac
 
 # clang only recommends its sanitizer and libFuzzer runtimes (libclang-rt-dev).
-need=()
-for pkg in clang libclang-rt-dev; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
-done
-if [ ${#need[@]} -gt 0 ]; then
-    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-    echo "installing: ${need[*]}"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+. tools/apt_need.sh
+apt_need clang libclang-rt-dev
 
 # Targets and the longest input each gets.
 targets=(uid:512 bs_msg:1024 auth:512 tcp:8192 param:1024 topo:4096)

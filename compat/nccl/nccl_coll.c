@@ -420,76 +420,15 @@ ncclResult_t pncclReduceScatter(const void *sendbuff, void *recvbuff, size_t rec
 }
 NCCL_ALIAS(ncclReduceScatter);
 
-ncclResult_t pncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
-                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
-{
-    ncclResult_t r;
-    weft_dtype_t t;
-    struct ncclComm *c = enter(comm, "ncclAllGather", stream, datatype, false, &t, &r);
-    if (c == NULL)
-        return r;
-    return leave(c, "ncclAllGather", weft_allgather(sendbuff, recvbuff, sendcount, t, c->wc));
-}
-NCCL_ALIAS(ncclAllGather);
+enum move_kind { ALLGATHER, BROADCAST, SEND, RECV, ALLTOALL, GATHER, SCATTER };
 
-ncclResult_t pncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
-                            ncclDataType_t datatype, int root, ncclComm_t comm,
-                            cudaStream_t stream)
+/* The point-to-point collectives, on c as enter() returned it: one group
+ * of sends and receives, so they progress together (and join the
+ * caller's group when there is one). */
+static ncclResult_t p2p_group(struct ncclComm *c, enum move_kind kind, const char *fn,
+                              const void *sendbuff, void *recvbuff, size_t count, weft_dtype_t t,
+                              int root)
 {
-    ncclResult_t r;
-    weft_dtype_t t;
-    struct ncclComm *c = enter(comm, "ncclBroadcast", stream, datatype, false, &t, &r);
-    if (c == NULL)
-        return r;
-    return leave(c, "ncclBroadcast",
-                 weft_broadcast(sendbuff, recvbuff, count, t, root, c->wc));
-}
-NCCL_ALIAS(ncclBroadcast);
-
-ncclResult_t pncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
-                        ncclComm_t comm, cudaStream_t stream)
-{
-    return pncclBroadcast(buff, buff, count, datatype, root, comm, stream);
-}
-NCCL_ALIAS(ncclBcast);
-
-ncclResult_t pncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
-                       ncclComm_t comm, cudaStream_t stream)
-{
-    ncclResult_t r;
-    weft_dtype_t t;
-    struct ncclComm *c = enter(comm, "ncclSend", stream, datatype, false, &t, &r);
-    if (c == NULL)
-        return r;
-    return leave(c, "ncclSend", weft_send(sendbuff, count, t, peer, c->wc));
-}
-NCCL_ALIAS(ncclSend);
-
-ncclResult_t pncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
-                       ncclComm_t comm, cudaStream_t stream)
-{
-    ncclResult_t r;
-    weft_dtype_t t;
-    struct ncclComm *c = enter(comm, "ncclRecv", stream, datatype, false, &t, &r);
-    if (c == NULL)
-        return r;
-    return leave(c, "ncclRecv", weft_recv(recvbuff, count, t, peer, c->wc));
-}
-NCCL_ALIAS(ncclRecv);
-
-/* The point-to-point collectives: one group of sends and receives, so they
- * progress together (and join the caller's group when there is one). */
-enum p2p_kind { ALLTOALL, GATHER, SCATTER };
-
-static ncclResult_t p2p_coll(enum p2p_kind kind, const char *fn, const void *sendbuff,
-                             void *recvbuff, size_t count, ncclDataType_t datatype, int root,
-                             ncclComm_t comm, cudaStream_t stream)
-{
-    ncclResult_t r;
-    weft_dtype_t t;
-    struct ncclComm *c = enter(comm, fn, stream, datatype, false, &t, &r);
-    if (c == NULL)
-        return r;
     int p = c->nranks, me = c->rank;
     size_t esz = weft_dtype_size(t);
     if (kind != ALLTOALL && (root < 0 || root >= p))
@@ -545,19 +484,79 @@ static ncclResult_t p2p_coll(enum p2p_kind kind, const char *fn, const void *sen
     return leave(c, fn, st != WEFT_OK ? st : end);
 }
 
+/* The calls that move data without an operator: any datatype, then the
+ * weft calls.  peer is the root of broadcast, gather and scatter, or the
+ * peer of send and receive. */
+static ncclResult_t move_coll(enum move_kind kind, const char *fn, const void *sendbuff,
+                              void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                              ncclComm_t comm, cudaStream_t stream)
+{
+    ncclResult_t r;
+    weft_dtype_t t;
+    struct ncclComm *c = enter(comm, fn, stream, datatype, false, &t, &r);
+    if (c == NULL)
+        return r;
+    if (kind >= ALLTOALL)
+        return p2p_group(c, kind, fn, sendbuff, recvbuff, count, t, peer);
+    weft_status_t st =
+        kind == ALLGATHER ? weft_allgather(sendbuff, recvbuff, count, t, c->wc)
+        : kind == BROADCAST ? weft_broadcast(sendbuff, recvbuff, count, t, peer, c->wc)
+        : kind == SEND      ? weft_send(sendbuff, count, t, peer, c->wc)
+                            : weft_recv(recvbuff, count, t, peer, c->wc);
+    return leave(c, fn, st);
+}
+
+ncclResult_t pncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount,
+                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
+{
+    return move_coll(ALLGATHER, "ncclAllGather", sendbuff, recvbuff, sendcount, datatype, 0, comm,
+                     stream);
+}
+NCCL_ALIAS(ncclAllGather);
+
+ncclResult_t pncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
+                            ncclDataType_t datatype, int root, ncclComm_t comm,
+                            cudaStream_t stream)
+{
+    return move_coll(BROADCAST, "ncclBroadcast", sendbuff, recvbuff, count, datatype, root, comm,
+                     stream);
+}
+NCCL_ALIAS(ncclBroadcast);
+
+ncclResult_t pncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root,
+                        ncclComm_t comm, cudaStream_t stream)
+{
+    return pncclBroadcast(buff, buff, count, datatype, root, comm, stream);
+}
+NCCL_ALIAS(ncclBcast);
+
+ncclResult_t pncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                       ncclComm_t comm, cudaStream_t stream)
+{
+    return move_coll(SEND, "ncclSend", sendbuff, NULL, count, datatype, peer, comm, stream);
+}
+NCCL_ALIAS(ncclSend);
+
+ncclResult_t pncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
+                       ncclComm_t comm, cudaStream_t stream)
+{
+    return move_coll(RECV, "ncclRecv", NULL, recvbuff, count, datatype, peer, comm, stream);
+}
+NCCL_ALIAS(ncclRecv);
+
 ncclResult_t pncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
                            ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
-    return p2p_coll(ALLTOALL, "ncclAlltoAll", sendbuff, recvbuff, count, datatype, 0, comm,
-                    stream);
+    return move_coll(ALLTOALL, "ncclAlltoAll", sendbuff, recvbuff, count, datatype, 0, comm,
+                     stream);
 }
 NCCL_ALIAS(ncclAlltoAll);
 
 ncclResult_t pncclGather(const void *sendbuff, void *recvbuff, size_t count,
                          ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
 {
-    return p2p_coll(GATHER, "ncclGather", sendbuff, recvbuff, count, datatype, root, comm,
-                    stream);
+    return move_coll(GATHER, "ncclGather", sendbuff, recvbuff, count, datatype, root, comm,
+                     stream);
 }
 NCCL_ALIAS(ncclGather);
 
@@ -565,7 +564,7 @@ ncclResult_t pncclScatter(const void *sendbuff, void *recvbuff, size_t count,
                           ncclDataType_t datatype, int root, ncclComm_t comm,
                           cudaStream_t stream)
 {
-    return p2p_coll(SCATTER, "ncclScatter", sendbuff, recvbuff, count, datatype, root, comm,
-                    stream);
+    return move_coll(SCATTER, "ncclScatter", sendbuff, recvbuff, count, datatype, root, comm,
+                     stream);
 }
 NCCL_ALIAS(ncclScatter);

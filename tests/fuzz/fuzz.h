@@ -50,6 +50,17 @@ _Noreturn void weft_fuzz_fail(const char *file, int line, const char *cond, cons
 }
 #endif
 
+/* libFuzzer's entry point, running target; none in the Criterion replay. */
+#ifdef WEFT_FUZZ_NO_MAIN
+#define WEFT_FUZZ_ENTRY(target)
+#else
+#define WEFT_FUZZ_ENTRY(target)                                                        \
+    int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)                       \
+    {                                                                                  \
+        return target(data, size);                                                     \
+    }
+#endif
+
 /* Quiet logs and a known secret, before the first parameter is read (the
  * table is read once per process). */
 static inline void weft_fuzz_setup(void)
@@ -110,6 +121,18 @@ static inline bool fuzz_text_ok(const char *s, size_t len)
         if (*s < 0x20 || *s > 0x7e)
             return false;
     return true;
+}
+
+/* A target of several modes: the first byte picks one of modes[0..n),
+ * which reads the rest of the input.  Returns 0, for libFuzzer. */
+typedef void (*fuzz_mode_t)(struct fuzz_in *in);
+
+static inline int fuzz_modes(const uint8_t *data, size_t size, const fuzz_mode_t *modes, int n)
+{
+    weft_fuzz_setup();
+    struct fuzz_in in = {data, size};
+    modes[fuzz_u8(&in) % n](&in);
+    return 0;
 }
 
 #endif /* WEFT_FUZZ_H */

@@ -221,19 +221,9 @@ static void connector_to_acceptor(struct fuzz_in *in)
 
 int weft_fuzz_auth(const uint8_t *data, size_t size)
 {
-    weft_fuzz_setup();
-    struct fuzz_in in = {data, size};
-    switch (fuzz_u8(&in) % 3) {
-    case 0: stranger_to_acceptor(&in); break;
-    case 1: acceptor_to_connector(&in); break;
-    default: connector_to_acceptor(&in); break;
-    }
-    return 0;
+    static const fuzz_mode_t modes[] = {stranger_to_acceptor, acceptor_to_connector,
+                                        connector_to_acceptor};
+    return fuzz_modes(data, size, modes, WEFT_ARRAY_SIZE(modes));
 }
 
-#ifndef WEFT_FUZZ_NO_MAIN
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
-    return weft_fuzz_auth(data, size);
-}
-#endif
+WEFT_FUZZ_ENTRY(weft_fuzz_auth)

@@ -147,9 +147,4 @@ int weft_fuzz_bs_msg(const uint8_t *data, size_t size)
     return 0;
 }
 
-#ifndef WEFT_FUZZ_NO_MAIN
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
-    return weft_fuzz_bs_msg(data, size);
-}
-#endif
+WEFT_FUZZ_ENTRY(weft_fuzz_bs_msg)

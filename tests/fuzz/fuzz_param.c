@@ -163,9 +163,4 @@ int weft_fuzz_param(const uint8_t *data, size_t size)
     return 0;
 }
 
-#ifndef WEFT_FUZZ_NO_MAIN
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
-    return weft_fuzz_param(data, size);
-}
-#endif
+WEFT_FUZZ_ENTRY(weft_fuzz_param)

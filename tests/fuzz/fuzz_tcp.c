@@ -210,19 +210,8 @@ static void stream(struct fuzz_in *in)
 
 int weft_fuzz_tcp(const uint8_t *data, size_t size)
 {
-    weft_fuzz_setup();
-    struct fuzz_in in = {data, size};
-    switch (fuzz_u8(&in) % 3) {
-    case 0: frame(&in); break;
-    case 1: address(&in); break;
-    default: stream(&in); break;
-    }
-    return 0;
+    static const fuzz_mode_t modes[] = {frame, address, stream};
+    return fuzz_modes(data, size, modes, WEFT_ARRAY_SIZE(modes));
 }
 
-#ifndef WEFT_FUZZ_NO_MAIN
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
-    return weft_fuzz_tcp(data, size);
-}
-#endif
+WEFT_FUZZ_ENTRY(weft_fuzz_tcp)

@@ -125,19 +125,9 @@ static void fuzz_root(struct fuzz_in *in)
 
 int weft_fuzz_uid(const uint8_t *data, size_t size)
 {
-    weft_fuzz_setup();
-    struct fuzz_in in = {data, size};
-    switch (fuzz_u8(&in) % UID_NMODES) {
-    case UID_BYTES: fuzz_bytes(&in); break;
-    case UID_HEX: fuzz_hex(&in); break;
-    default: fuzz_root(&in); break;
-    }
-    return 0;
+    static const fuzz_mode_t modes[UID_NMODES] = {
+        [UID_BYTES] = fuzz_bytes, [UID_HEX] = fuzz_hex, [UID_ROOT] = fuzz_root};
+    return fuzz_modes(data, size, modes, UID_NMODES);
 }
 
-#ifndef WEFT_FUZZ_NO_MAIN
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
-{
-    return weft_fuzz_uid(data, size);
-}
-#endif
+WEFT_FUZZ_ENTRY(weft_fuzz_uid)

@@ -12,9 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/testcommon.h"
 #include "tests/testutil.h"
 
 /* The programs and weftrun sit beside this test binary. */
@@ -32,12 +32,7 @@ static int run(const char *cmd, int timeout_s, char *out, size_t outlen)
     char full[4096];
     snprintf(full, sizeof(full), "cd '%s' && WEFT_SOCKET_IFNAME=lo timeout -k 5 %d %s 2>&1",
              bindir(), timeout_s, cmd);
-    FILE *f = popen(full, "r");
-    cr_assert_not_null(f);
-    size_t n = fread(out, 1, outlen - 1, f);
-    out[n] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return weft_test_shell(full, out, outlen);
 }
 
 static bool exists(const char *prog)
