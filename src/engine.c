@@ -642,11 +642,11 @@ void weft_engine_submit(struct weft_comm *comm, struct weft_op *op, bool backgro
         weft_comm_wakeup(comm);
 }
 
-weft_status_t weft_engine_wait(struct weft_comm *comm, struct weft_op *op)
+/* Drives, or waits for the thread that drives, until op is done (op NULL:
+ * until no op is live).  Called and returns with eng->mu held. */
+static void drive_until(struct weft_engine *eng, struct weft_op *op)
 {
-    struct weft_engine *eng = comm->eng;
-    pthread_mutex_lock(&eng->mu);
-    while (!op->done) {
+    while (op ? !op->done : eng->nlive > 0) {
         if (!eng->driving) {
             eng->driving = true;
             pthread_mutex_unlock(&eng->mu);
@@ -658,6 +658,13 @@ weft_status_t weft_engine_wait(struct weft_comm *comm, struct weft_op *op)
             pthread_cond_wait(&eng->cv, &eng->mu);
         }
     }
+}
+
+weft_status_t weft_engine_wait(struct weft_comm *comm, struct weft_op *op)
+{
+    struct weft_engine *eng = comm->eng;
+    pthread_mutex_lock(&eng->mu);
+    drive_until(eng, op);
     pthread_mutex_unlock(&eng->mu);
     return weft_engine_reap(eng, op);
 }
@@ -694,18 +701,7 @@ weft_status_t weft_engine_drain(struct weft_comm *comm)
 {
     struct weft_engine *eng = comm->eng;
     pthread_mutex_lock(&eng->mu);
-    while (eng->nlive > 0) {
-        if (!eng->driving) {
-            eng->driving = true;
-            pthread_mutex_unlock(&eng->mu);
-            drive(eng, NULL);
-            pthread_mutex_lock(&eng->mu);
-            eng->driving = false;
-            pthread_cond_broadcast(&eng->cv);
-        } else {
-            pthread_cond_wait(&eng->cv, &eng->mu);
-        }
-    }
+    drive_until(eng, NULL);
     pthread_mutex_unlock(&eng->mu);
     return (weft_status_t)atomic_load(&comm->error);
 }
