@@ -23,7 +23,8 @@ weft_status_t weft_comm_progress(struct weft_comm *comm, int timeout_ms)
     void *sctx = comm->tp[last].ctx;
     if (last == 0)
         return sleeper->progress(sctx, timeout_ms);
-    /* The others without waiting, then sleep in the last one (tcp's poll).
+    /* The others without waiting, then sleep in the last one (the base
+     * transport: tcp's poll).
      * Their waker threads turn a shm doorbell or a verbs completion into
      * its wakeup while their notification is armed. */
     for (int i = 0; i < last; i++)
@@ -203,27 +204,31 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     weft_host_identity(me.host, sizeof(me.host), false);
     weft_host_identity(me.machine, sizeof(me.machine), true);
     me.check = weft_param_int("WEFT_CHECK") != 0;
+    /* The base transport (tcp) opens before the rendezvous: its address
+     * goes out with our record. */
+    const struct weft_transport_desc *base = weft_transports[weft_transport_base()];
     size_t alen = sizeof(me.taddr);
-    void *tcp_ctx = NULL;
-    WEFT_CHECK_GOTO(weft_tcp_ops.init(&targs, &tcp_ctx, me.taddr, &alen), st, fail);
+    void *base_ctx = NULL;
+    WEFT_CHECK_GOTO(base->ops->init(&targs, &base_ctx, me.taddr, &alen), st, fail);
     me.taddr_len = (uint32_t)alen;
     memcpy(comm->taddr, me.taddr, alen);
     comm->taddr_len = alen;
-    /* Shrink's listener: on the tcp address, port chosen by the kernel. */
+    /* Shrink's listener: on the base transport's address, port chosen by
+     * the kernel. */
     memcpy(&me.rescue, me.taddr, WEFT_MIN(alen, sizeof(me.rescue)));
     me.rescue.in.sin_port = 0; /* same offset in both families */
     st = weft_sock_listen(&me.rescue, &comm->rescue_fd);
     if (st != WEFT_OK) {
-        weft_tcp_ops.finalize(tcp_ctx);
+        base->ops->finalize(base_ctx);
         goto fail;
     }
     char buf[96];
-    WEFT_INFO(WEFT_SUB_INIT, "rank %d/%d: tcp on %s (%s)", rank, nranks,
+    WEFT_INFO(WEFT_SUB_INIT, "rank %d/%d: %s on %s (%s)", rank, nranks, base->name,
               weft_sock_str(&targs.local, buf, sizeof(buf)), ifname);
 
     st = weft_bootstrap_init(comm, uid, rank, nranks, &me, sizeof(me), all, deadline, &comm->bs);
     if (st != WEFT_OK) {
-        weft_tcp_ops.finalize(tcp_ctx);
+        base->ops->finalize(base_ctx);
         goto fail;
     }
     int local = 0, below = 0; /* ranks on our cores (spin policy), those of lower rank */
@@ -240,19 +245,19 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
                             "rank %d: WEFT_CHECK differs between ranks (rank 0: %u, rank %d: %u); "
                             "set it the same on every rank",
                             rank, all[0].check, r, all[r].check);
-            weft_tcp_ops.finalize(tcp_ctx);
+            base->ops->finalize(base_ctx);
             goto fail;
         }
     }
     st = weft_cpu_groups(comm, all);
     if (st != WEFT_OK) {
-        weft_tcp_ops.finalize(tcp_ctx);
+        base->ops->finalize(base_ctx);
         goto fail;
     }
     if (weft_param_int("WEFT_BIND"))
         weft_cpu_bind(rank, below, local);
     weft_engine_tune(comm->eng, local);
-    WEFT_CHECK_GOTO(weft_links_open(comm, &targs, tcp_ctx, all, deadline), st, fail);
+    WEFT_CHECK_GOTO(weft_links_open(comm, &targs, base_ctx, all, deadline), st, fail);
     struct weft_cal cal = {0};
     unsigned allowed;
     st = weft_comm_calibrate(comm, &cal, deadline);

@@ -8,10 +8,11 @@
 #define WEFT_COMM_IMPL_H
 
 #include "comm.h"
-#include "transports/transport.h"
+#include "transports/registry.h"
 
-/* What every rank publishes at init: where it runs and its tcp address
- * (shm addresses follow in a second round, once ranks know who is local). */
+/* What every rank publishes at init: where it runs and the base
+ * transport's (tcp) address; the others' addresses follow in a second
+ * round (links.c), once ranks know which transports their pairs take. */
 struct weft_rank_info {
     char host[64];       /* WEFT_HOSTID, or hostname + boot id */
     char machine[64];    /* hostname + boot id: who shares our cores */
@@ -44,14 +45,17 @@ void weft_cpu_bind(int rank, int k, int local) WEFT_HIDDEN;
  * WEFT_TOPO_FILE, the operator's last word.  On error it says why. */
 weft_status_t weft_links_table(struct weft_comm *comm, const struct weft_rank_info *all,
                                const struct weft_cal *cal, unsigned *allowed) WEFT_HIDDEN;
-/* Opens shm when a peer shares this host and verbs when a pair wants it
- * (both as WEFT_TRANSPORT allows), picks a transport per peer from the
- * link table and binds every peer.  tcp_ctx is already open; transports
- * no peer uses are closed again.  verbs is all or nothing: when a rank
- * has no usable device, every rank leaves it for tcp (or fails, when
- * WEFT_TRANSPORT leaves no other way). */
+/* Opens every transport the link table gives a pair of this rank (as
+ * WEFT_TRANSPORT allows), exchanges their addresses, picks a transport
+ * per peer and binds every peer, this rank included; fills comm->tp in
+ * progress order.  base_ctx (the base transport's) is already open and
+ * is always kept; the others no peer uses are closed again.  A pair
+ * whose transport did not open at both ends falls back to the base
+ * transport; a WEFT_TP_ALL_RANKS one (verbs) that some rank could not
+ * open is left by every rank (or fails init, when WEFT_TRANSPORT leaves
+ * no other way).  On error base_ctx is closed too. */
 weft_status_t weft_links_open(struct weft_comm *comm, const struct weft_transport_init *targs,
-                              void *tcp_ctx, const struct weft_rank_info *all,
+                              void *base_ctx, const struct weft_rank_info *all,
                               uint64_t deadline) WEFT_HIDDEN;
 
 /* (memreg.c) Frees comm's registrations at destroy; the transports

@@ -1,8 +1,10 @@
 /*
  * links.c - which transport carries each pair: the link table built from
  * the init exchange, WEFT_TRANSPORT, calibration and the topology file,
- * and the transports opened and bound to every peer from it.
+ * and the transports of the registry opened and bound to every peer from
+ * it.  Nothing here names a transport: the descriptors say what differs.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,14 +12,27 @@
 #include "comm_impl.h"
 #include "select/topo.h"
 
-/* The second round: the shm and verbs addresses (len 0: none on that rank). */
-struct link_info {
-    uint32_t shm_len, verbs_len;
-    uint8_t shm[WEFT_TRANSPORT_ADDR_MAX];
-    uint8_t verbs[WEFT_TRANSPORT_ADDR_MAX];
+/* The second round carries the address of every transport that reaches
+ * other ranks but the base one (whose address went out in the first
+ * round); len 0: that rank did not open it. */
+struct link_addr {
+    uint32_t len;
+    uint8_t addr[WEFT_TRANSPORT_ADDR_MAX];
 };
 
-enum { TP_TCP, TP_SHM, TP_VERBS, TP_COUNT };
+/* What one rank's links are made of while they open.  slot[t] is t's
+ * place in a second-round record, -1 when t publishes none. */
+struct opening {
+    struct weft_comm *comm;
+    const struct weft_rank_info *all;
+    int ntr, base, nslots;
+    int slot[WEFT_MAX_TRANSPORTS];
+    bool want[WEFT_MAX_TRANSPORTS];            /* some pair of this rank's takes it */
+    void *ctx[WEFT_MAX_TRANSPORTS];
+    struct link_addr mine[WEFT_MAX_TRANSPORTS]; /* what each init wrote */
+    struct link_addr *peers;                   /* (nranks * nslots) */
+    unsigned allowed;
+};
 
 weft_status_t weft_links_table(struct weft_comm *comm, const struct weft_rank_info *all,
                                const struct weft_cal *cal, unsigned *allowed)
@@ -29,14 +44,14 @@ weft_status_t weft_links_table(struct weft_comm *comm, const struct weft_rank_in
     const char **hostid = calloc((size_t)n, sizeof(*hostid));
     weft_status_t st = hostid ? weft_topo_parse_transports(spec, allowed, why, sizeof(why))
                               : WEFT_ERR_NO_MEMORY;
-    if (comm->verbs_off)
-        *allowed &= ~(1u << WEFT_LINK_VERBS);
+    if (st == WEFT_OK)
+        *allowed &= ~comm->tp_off;
     for (int r = 0; hostid && r < n; r++)
         hostid[r] = all[r].host;
     if (st == WEFT_OK)
         st = weft_topo_table_init(&comm->topo, n, hostid, *allowed, why, sizeof(why));
     free(hostid);
-    for (int t = 0; st == WEFT_OK && cal && t < WEFT_LINK_NTRANSPORTS; t++)
+    for (int t = 0; st == WEFT_OK && cal && t < weft_transport_count(); t++)
         if (cal->have[t])
             st = weft_topo_table_set_default(&comm->topo, t, cal->alpha[t], cal->beta[t]);
     for (int k = 0; st == WEFT_OK && cal && k < cal->nedges; k++) {
@@ -56,185 +71,253 @@ weft_status_t weft_links_table(struct weft_comm *comm, const struct weft_rank_in
     return WEFT_OK;
 }
 
-static const struct weft_transport_ops *tp_ops(int t)
+/* Rank r's address for transport t; false when r did not open it. */
+static bool addr_of(const struct opening *o, int r, int t, const void **addr, size_t *len)
 {
-#ifdef HAVE_VERBS
-    if (t == TP_VERBS)
-        return &weft_verbs_ops;
-#endif
-    return t == TP_SHM ? &weft_shm_ops : &weft_tcp_ops;
+    if (t == o->base) {
+        *addr = o->all[r].taddr;
+        *len = o->all[r].taddr_len;
+        return true;
+    }
+    if (o->slot[t] < 0) {
+        /* It reaches only this rank: what it wrote here, if it opened. */
+        *addr = o->mine[t].addr;
+        *len = o->mine[t].len;
+        return r == o->comm->rank && o->ctx[t];
+    }
+    const struct link_addr *a = &o->peers[(size_t)r * (size_t)o->nslots + (size_t)o->slot[t]];
+    *addr = a->addr;
+    *len = a->len;
+    return a->len > 0;
+}
+
+/* Opens transport t for the ranks its can_reach accepts from here (and
+ * this one: the group every rank of it computes alike). */
+static void open_one(struct opening *o, int t, const struct weft_transport_init *targs)
+{
+    struct weft_comm *comm = o->comm;
+    const struct weft_transport_desc *d = weft_transports[t];
+    int n = comm->nranks, rank = comm->rank, ngroup = 0;
+    int *group = malloc((size_t)n * sizeof(*group));
+    if (group == NULL) {
+        weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "out of memory for %d ranks", n);
+        return; /* publishing len 0 tells the peers */
+    }
+    for (int r = 0; r < n; r++) {
+        struct weft_transport_pair pair = {
+            .self = r == rank, .same_host = strcmp(o->all[r].host, o->all[rank].host) == 0};
+        if (r == rank || d->can_reach(&pair))
+            group[ngroup++] = r;
+    }
+    struct weft_transport_init args = *targs;
+    args.group = group;
+    args.ngroup = ngroup;
+    if (d->bind_oob) {
+        args.oob_ops = weft_transports[o->base]->ops;
+        args.oob_ctx = o->ctx[o->base];
+    }
+    size_t len = sizeof(o->mine[t].addr);
+    weft_status_t st = d->ops->init(&args, &o->ctx[t], o->mine[t].addr, &len);
+    free(group);
+    if (st == WEFT_OK) {
+        o->mine[t].len = (uint32_t)len;
+    } else if (st != WEFT_ERR_UNSUPPORTED) {
+        char why[WEFT_ERRMSG_LEN];
+        WEFT_WARN(WEFT_SUB_INIT,
+                  "rank %d: cannot open %s (%s); its peers here use another transport if "
+                  "WEFT_TRANSPORT allows one",
+                  rank, d->name, weft_comm_last_error_copy(comm, why, sizeof(why)));
+    }
+}
+
+/* A WEFT_TP_ALL_RANKS transport some rank could not open: every rank
+ * leaves it (all saw the same lengths), or fails when WEFT_TRANSPORT
+ * leaves no other way. */
+static weft_status_t drop_all_ranks(struct opening *o, bool *dropped)
+{
+    struct weft_comm *comm = o->comm;
+    int n = comm->nranks, rank = comm->rank;
+    *dropped = false;
+    for (int t = 0; t < o->ntr; t++) {
+        if (!(weft_transports[t]->flags & WEFT_TP_ALL_RANKS) || !(o->allowed & (1u << t)))
+            continue;
+        int without = -1;
+        const void *addr;
+        size_t len;
+        for (int r = 0; r < n && without < 0; r++)
+            if (!addr_of(o, r, t, &addr, &len))
+                without = r;
+        if (without < 0)
+            continue;
+        const char *name = weft_transports[t]->name;
+        comm->tp_off |= 1u << t;
+        *dropped = true;
+        if (o->ctx[t]) {
+            weft_transports[t]->ops->finalize(o->ctx[t]);
+            o->ctx[t] = NULL;
+            o->mine[t].len = 0;
+        }
+        if ((o->allowed & ~(1u << t)) == 0)
+            return weft_error(weft_comm_err(comm), WEFT_ERR_INVALID_ARG,
+                              "rank %d: WEFT_TRANSPORT=%s allows only %s, and rank %d could not "
+                              "open it%s",
+                              rank, weft_param_str("WEFT_TRANSPORT"), name, without,
+                              without == rank ? "" : " (its log at WEFT_DEBUG=INFO says why)");
+        if (o->want[t] && rank == 0)
+            WEFT_INFO(WEFT_SUB_INIT, "rank %d could not open %s: %s carries what it would have",
+                      without, name, weft_transports[o->base]->name);
+    }
+    return WEFT_OK;
+}
+
+/* Binds peer r to the transport the table gives the pair, or to the base
+ * one when that did not open at both ends; *t gets the one chosen. */
+static weft_status_t bind_peer(struct opening *o, int r, int *t)
+{
+    struct weft_comm *comm = o->comm;
+    int rank = comm->rank;
+    struct weft_link l = {0};
+    weft_topo_table_get(&comm->topo, rank, r, &l);
+    *t = l.transport;
+    const void *addr;
+    size_t len;
+    if (!o->ctx[*t] || !addr_of(o, rank, *t, &addr, &len) || !addr_of(o, r, *t, &addr, &len)) {
+        if (r == rank || !(o->allowed & (1u << o->base)))
+            return weft_error(weft_comm_err(comm), WEFT_ERR_INVALID_ARG,
+                              "rank %d cannot reach rank %d: %s is not open on both ranks and "
+                              "WEFT_TRANSPORT=%s does not allow %s",
+                              rank, r, weft_transports[*t]->name, weft_param_str("WEFT_TRANSPORT"),
+                              weft_transports[o->base]->name);
+        *t = o->base;
+    }
+    const struct weft_transport_desc *d = weft_transports[*t];
+    addr_of(o, r, *t, &addr, &len);
+    if (len > WEFT_TRANSPORT_ADDR_MAX)
+        return weft_error(weft_comm_err(comm), WEFT_ERR_REMOTE, "rank %d published a bad address",
+                          r);
+    if (d->bind_oob) {
+        /* The base transport's connection carries its setup. */
+        const void *baddr;
+        size_t blen;
+        void *oob;
+        addr_of(o, r, o->base, &baddr, &blen);
+        WEFT_CHECK(weft_transports[o->base]->ops->connect(o->ctx[o->base], r, baddr, blen, &oob));
+        d->bind_oob(o->ctx[*t], r, oob);
+    }
+    comm->link_ops[r] = d->ops;
+    return d->ops->connect(o->ctx[*t], r, addr, len, &comm->conns[r]);
 }
 
 weft_status_t weft_links_open(struct weft_comm *comm, const struct weft_transport_init *targs,
-                              void *tcp_ctx, const struct weft_rank_info *all, uint64_t deadline)
+                              void *base_ctx, const struct weft_rank_info *all, uint64_t deadline)
 {
     int rank = comm->rank, n = comm->nranks;
+    struct opening o = {.comm = comm, .all = all, .ntr = weft_transport_count(),
+                        .base = weft_transport_base()};
+    o.ctx[o.base] = base_ctx;
     if (n < 1) { /* checked by every caller; said here for the allocations below */
-        weft_tcp_ops.finalize(tcp_ctx);
+        weft_transports[o.base]->ops->finalize(base_ctx);
         return weft_error(weft_comm_err(comm), WEFT_ERR_INTERNAL, "weft_links_open: %d ranks", n);
     }
-    const char *spec = weft_param_str("WEFT_TRANSPORT");
-    unsigned allowed;
-    weft_status_t st = weft_links_table(comm, all, NULL, &allowed);
+    weft_status_t st = weft_links_table(comm, all, NULL, &o.allowed);
     if (st != WEFT_OK) {
-        weft_tcp_ops.finalize(tcp_ctx);
+        weft_transports[o.base]->ops->finalize(base_ctx);
         return st;
     }
-    /* The table says which transport each pair wants (shm on one host,
-     * verbs across hosts, unless WEFT_TRANSPORT or the topology file says
-     * otherwise). */
-    bool want[WEFT_LINK_NTRANSPORTS] = {false};
+    for (int t = 0; t < o.ntr; t++)
+        o.slot[t] = t != o.base && weft_transport_reaches_others(t) ? o.nslots++ : -1;
+    /* The table says which transport each pair wants (self for this rank,
+     * shm on one host, verbs across hosts, unless WEFT_TRANSPORT or the
+     * topology file says otherwise): open those. */
+    bool used[WEFT_MAX_TRANSPORTS] = {false};
     for (int r = 0; r < n; r++) {
         struct weft_link l;
-        if (r != rank && weft_topo_table_get(&comm->topo, rank, r, &l) == WEFT_OK)
-            want[l.transport] = true;
+        if (weft_topo_table_get(&comm->topo, rank, r, &l) == WEFT_OK)
+            o.want[l.transport] = true;
     }
-    struct link_info mine = {0};
-    struct link_info *peers = calloc((size_t)n, sizeof(*peers));
-    void *ctx[TP_COUNT] = {tcp_ctx, NULL, NULL};
-    if (peers == NULL) {
+    size_t reclen = (size_t)o.nslots * sizeof(struct link_addr);
+    struct link_addr *rec = calloc(o.nslots ? (size_t)o.nslots : 1, sizeof(*rec));
+    o.peers = calloc((size_t)n * (o.nslots ? (size_t)o.nslots : 1), sizeof(*o.peers));
+    if (rec == NULL || o.peers == NULL) {
         st = weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "out of memory for %d ranks", n);
         goto out; /* the others time out in the exchange and name this rank */
     }
-    if (want[WEFT_LINK_SHM]) {
-        /* Rings only for the ranks of this host (all of them agree on it). */
-        struct weft_transport_init sargs = *targs;
-        int *group = malloc((size_t)n * sizeof(*group)), ngroup = 0;
-        for (int r = 0; group && r < n; r++)
-            if (strcmp(all[r].host, all[rank].host) == 0)
-                group[ngroup++] = r;
-        sargs.group = group;
-        sargs.ngroup = ngroup;
-        size_t len = sizeof(mine.shm);
-        st = group ? weft_shm_ops.init(&sargs, &ctx[TP_SHM], mine.shm, &len)
-                   : weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "out of memory for %d ranks", n);
-        free(group);
-        if (st == WEFT_OK)
-            mine.shm_len = (uint32_t)len;
-        else if (allowed & (1u << WEFT_LINK_TCP))
-            WEFT_WARN(WEFT_SUB_INIT, "no shared memory (%s); peers on this host use tcp",
-                      weft_thread_last_error());
-        st = WEFT_OK; /* publishing len 0 tells the local peers */
-    }
-#ifdef HAVE_VERBS
-    if (want[WEFT_LINK_VERBS]) {
-        struct weft_transport_init vargs = *targs;
-        vargs.oob_ops = &weft_tcp_ops;
-        vargs.oob_ctx = tcp_ctx;
-        size_t len = sizeof(mine.verbs);
-        st = weft_verbs_ops.init(&vargs, &ctx[TP_VERBS], mine.verbs, &len);
-        if (st == WEFT_OK)
-            mine.verbs_len = (uint32_t)len;
-        else if (st != WEFT_ERR_UNSUPPORTED)
-            WEFT_WARN(WEFT_SUB_INIT, "rank %d: verbs: %s", rank, weft_thread_last_error());
-        st = WEFT_OK; /* len 0: every rank leaves verbs */
-    }
-#endif
+    for (int t = 0; t < o.ntr; t++)
+        if (o.want[t] && t != o.base && weft_transports[t]->ops)
+            open_one(&o, t, targs);
+    for (int t = 0; t < o.ntr; t++)
+        if (o.slot[t] >= 0)
+            rec[o.slot[t]] = o.mine[t];
     /* Every rank takes part, whatever it opened, so the rounds match. */
-    WEFT_CHECK_GOTO(weft_bootstrap_allgather(comm->bs, &mine, peers, sizeof(mine), deadline), st,
-                    out);
-    int no_verbs = -1;
-    for (int r = 0; r < n && no_verbs < 0; r++)
-        if (peers[r].verbs_len == 0)
-            no_verbs = r;
-    if ((allowed & (1u << WEFT_LINK_VERBS)) && no_verbs >= 0) {
-        /* The same on every rank: all saw the same lengths. */
-        comm->verbs_off = true;
-        if (ctx[TP_VERBS]) {
-            tp_ops(TP_VERBS)->finalize(ctx[TP_VERBS]);
-            ctx[TP_VERBS] = NULL;
-        }
-        if ((allowed & ~(1u << WEFT_LINK_VERBS)) == 0) {
-            st = weft_error(weft_comm_err(comm), WEFT_ERR_INVALID_ARG,
-                            "rank %d: WEFT_TRANSPORT=%s allows only verbs, and rank %d has no "
-                            "usable RDMA device%s",
-                            rank, spec, no_verbs,
-                            no_verbs == rank ? "" : " (its log at WEFT_DEBUG=INFO says why)");
-            goto out;
-        }
-        if (want[WEFT_LINK_VERBS] && rank == 0)
-            WEFT_INFO(WEFT_SUB_INIT, "rank %d has no usable RDMA device: tcp carries what verbs "
-                      "would have", no_verbs);
-        WEFT_CHECK_GOTO(weft_links_table(comm, all, NULL, &allowed), st, out);
-    }
-    bool used[TP_COUNT] = {false}, any_shm = false;
+    if (o.nslots > 0)
+        WEFT_CHECK_GOTO(weft_bootstrap_allgather(comm->bs, rec, o.peers, reclen, deadline), st,
+                        out);
+    bool dropped;
+    WEFT_CHECK_GOTO(drop_all_ranks(&o, &dropped), st, out);
+    if (dropped)
+        WEFT_CHECK_GOTO(weft_links_table(comm, all, NULL, &o.allowed), st, out);
     for (int r = 0; r < n; r++) {
-        any_shm |= peers[r].shm_len > 0;
-        if (r == rank)
-            continue;
-        bool same = strcmp(all[r].host, all[rank].host) == 0;
-        struct weft_link l = {0};
-        weft_topo_table_get(&comm->topo, rank, r, &l);
-        int t = l.transport == WEFT_LINK_SHM && mine.shm_len && peers[r].shm_len ? TP_SHM
-                : l.transport == WEFT_LINK_VERBS && ctx[TP_VERBS]                ? TP_VERBS
-                : (allowed & (1u << WEFT_LINK_TCP))                              ? TP_TCP
-                                                                                 : -1;
-        if (t < 0) {
-            st = weft_error(weft_comm_err(comm), WEFT_ERR_INVALID_ARG,
-                            "rank %d cannot reach rank %d: WEFT_TRANSPORT=%s does not allow tcp, "
-                            "and rank %d is %s",
-                            rank, r, spec, r,
-                            same ? "on this host but has no shared memory" : "on another host");
-            goto out;
-        }
-        const void *addr = t == TP_SHM ? peers[r].shm : t == TP_VERBS ? peers[r].verbs : all[r].taddr;
-        size_t alen = t == TP_SHM     ? peers[r].shm_len
-                      : t == TP_VERBS ? peers[r].verbs_len
-                                      : all[r].taddr_len;
-        if (alen > WEFT_TRANSPORT_ADDR_MAX) {
-            st = weft_error(weft_comm_err(comm), WEFT_ERR_REMOTE, "rank %d published a bad address", r);
-            goto out;
-        }
-#ifdef HAVE_VERBS
-        if (t == TP_VERBS) {
-            /* Its tcp connection carries the queue pair exchange. */
-            void *oob;
-            WEFT_CHECK_GOTO(weft_tcp_ops.connect(tcp_ctx, r, all[r].taddr, all[r].taddr_len, &oob),
-                            st, out);
-            weft_verbs_bind_oob(ctx[TP_VERBS], r, oob);
-            used[TP_TCP] = true;
-        }
-#endif
-        comm->link_ops[r] = tp_ops(t);
+        int t;
+        WEFT_CHECK_GOTO(bind_peer(&o, r, &t), st, out);
         used[t] = true;
-        WEFT_CHECK_GOTO(tp_ops(t)->connect(ctx[t], r, addr, alen, &comm->conns[r]), st, out);
+        used[o.base] |= weft_transports[t]->bind_oob != NULL;
     }
-    /* Progress order: shm, verbs, then tcp, where the communicator sleeps. */
-    static const int order[TP_COUNT] = {TP_SHM, TP_VERBS, TP_TCP};
-    for (int k = 0; k < TP_COUNT; k++) {
+    /* Progress order: by priority; the base transport, last, is where the
+     * communicator sleeps, and stays open whoever uses it. */
+    int order[WEFT_MAX_TRANSPORTS], norder = weft_transport_by_priority(order);
+    for (int k = 0; k < norder; k++) {
         int t = order[k];
-        if (!ctx[t])
+        if (!o.ctx[t])
             continue;
-        if (used[t] || (t == TP_TCP && (n == 1 || comm->ntp > 0))) {
-            comm->tp[comm->ntp].ops = tp_ops(t);
-            comm->tp[comm->ntp++].ctx = ctx[t];
+        if (used[t] || t == o.base) {
+            comm->tp[comm->ntp].ops = weft_transports[t]->ops;
+            comm->tp[comm->ntp].kind = t;
+            comm->tp[comm->ntp++].ctx = o.ctx[t];
         } else {
-            tp_ops(t)->finalize(ctx[t]);
+            weft_transports[t]->ops->finalize(o.ctx[t]);
         }
-        ctx[t] = NULL;
+        o.ctx[t] = NULL;
     }
     for (int i = 0; i + 1 < comm->ntp; i++)
         WEFT_CHECK_GOTO(comm->tp[i].ops->set_waker(comm->tp[i].ctx,
                                                    comm->tp[comm->ntp - 1].ops->wakeup,
                                                    comm->tp[comm->ntp - 1].ctx),
                         st, out);
-    if (any_shm) {
-        /* Every peer has mapped our segment: its name can go, so a crash
-         * from now on leaves nothing in /dev/shm. */
+    /* A transport with a ready hook that some rank opened (every rank
+     * sees the same records): once every peer has connected, after a
+     * barrier, it may drop what only setup needed (shm unlinks its
+     * segment names, so a crash from now on leaves nothing in /dev/shm). */
+    bool any_ready = false;
+    for (int t = 0; t < o.ntr; t++)
+        for (int r = 0; r < n && o.slot[t] >= 0 && weft_transports[t]->ops &&
+                        weft_transports[t]->ops->ready && !any_ready;
+             r++)
+            any_ready = o.peers[(size_t)r * (size_t)o.nslots + (size_t)o.slot[t]].len > 0;
+    if (any_ready) {
         WEFT_CHECK_GOTO(weft_bootstrap_barrier(comm->bs, deadline), st, out);
         for (int i = 0; i < comm->ntp; i++)
             if (comm->tp[i].ops->ready)
                 WEFT_CHECK_GOTO(comm->tp[i].ops->ready(comm->tp[i].ctx), st, out);
     }
-    WEFT_INFO(WEFT_SUB_INIT, "rank %d: %s%s%s%s%s", rank,
-              used[TP_SHM] ? "shm to this host's ranks" : "",
-              used[TP_SHM] && used[TP_VERBS] ? ", " : "", used[TP_VERBS] ? "verbs to " : "",
-              used[TP_VERBS] ? (used[TP_SHM] ? "the others" : "every peer") : "",
-              used[TP_TCP] && !used[TP_VERBS] ? (used[TP_SHM] ? ", tcp to the others" : "tcp to every peer") : "");
+    if (weft_log_level_ >= WEFT_LOG_INFO) {
+        char line[256];
+        int at = 0, peers[WEFT_MAX_TRANSPORTS] = {0};
+        for (int r = 0; r < n; r++)
+            for (int i = 0; i < comm->ntp; i++)
+                peers[i] += r != rank && comm->link_ops[r] == comm->tp[i].ops;
+        line[0] = '\0';
+        for (int i = 0; i < comm->ntp && at < (int)sizeof(line); i++)
+            if (peers[i] > 0)
+                at += snprintf(line + at, sizeof(line) - (size_t)at, "%s%s to %d peer%s",
+                               at ? ", " : "", comm->tp[i].ops->name, peers[i],
+                               peers[i] == 1 ? "" : "s");
+        WEFT_INFO(WEFT_SUB_INIT, "rank %d: %s", rank, at ? line : "no peers");
+    }
 out:
-    for (int t = 0; t < TP_COUNT; t++)
-        if (ctx[t])
-            tp_ops(t)->finalize(ctx[t]);
-    free(peers);
+    for (int t = 0; t < o.ntr; t++)
+        if (o.ctx[t])
+            weft_transports[t]->ops->finalize(o.ctx[t]);
+    free(rec);
+    free(o.peers);
     return st;
 }

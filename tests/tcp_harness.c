@@ -26,6 +26,7 @@
 
 #include "src/comm.h"
 #include "tests/tcp_harness.h"
+#include "transports/tcp/tcp.h"
 
 /* Weak, and not const so the compiler cannot fold it here: a test of
  * another transport defines its own T. */

@@ -170,13 +170,13 @@ static int check_table(weft_comm_t comm, int rank, int nranks, void *arg)
                 return weft_test_fail(rank, "pair 0-1: alpha %g, the file says 7 us", l.alpha);
         }
     }
-    double shm_default = tab->alpha[WEFT_LINK_SHM];
+    double shm_default = tab->alpha[weft_transport_find("shm")];
     if (x->file && shm_default != 3e-6)
         return weft_test_fail(rank, "shm default alpha %g; the file's default (3 us) must win",
                               shm_default);
-    if (!x->file && (shm_default != WEFT_LINK_SHM_ALPHA) != x->calibrated)
+    if (!x->file && (shm_default != weft_shm_desc.alpha) != x->calibrated)
         return weft_test_fail(rank, "shm default alpha %g (built-in %g), calibrated %d",
-                              shm_default, WEFT_LINK_SHM_ALPHA, x->calibrated);
+                              shm_default, weft_shm_desc.alpha, x->calibrated);
     /* Rings only for this host's ranks: with 2 "hosts", one peer each. */
     const char *hosts = getenv("WEFT_TEST_HOSTS");
     int want_group = hosts ? nranks / atoi(hosts) : nranks;
