@@ -5,48 +5,8 @@
  * byte).  The probe is topo.c; the table and the fit topo_link.c; the
  * topology file topo_file.c.
  *
- * Topology file (WEFT_TOPO_FILE)
- * ------------------------------
- * Plain text, one directive a line; '#' starts a comment that runs to the
- * end of the line; blank lines are ignored; tokens are separated by spaces
- * or tabs.  Three directives:
- *
- *   default <shm|tcp|self> KEY=VALUE...
- *       the cost of every link of that transport that nothing below names
- *   hosts <pattern-a> <pattern-b> [shm|tcp] [KEY=VALUE...]
- *       every pair of distinct ranks, one on a host whose id matches a and
- *       the other on one that matches b (either way round).  Patterns match
- *       the whole host id (WEFT_HOSTID, or hostname/boot-id); '*' matches
- *       any run of characters, '?' one character, anything else itself.
- *   pair <rank-i> <rank-j> [shm|tcp] [KEY=VALUE...]
- *       the pair i, j (both directions; i != j)
- *
- * KEYs: alpha_us (latency per message, microseconds, 0 to 1e7),
- *       gbps     (bandwidth in GB/s = 1e9 bytes/s, as nccl-tests prints it;
- *                 1e-6 to 1e5),
- *       gbit     (bandwidth in Gbit/s; 8e-6 to 8e5; one of gbps/gbit).
- * Naming a transport forces it for those pairs; shm only joins ranks of one
- * host, and a transport WEFT_TRANSPORT excludes cannot be forced.
- *
- * Which value a pair gets: its transport is the default choice (self for
- * i == j; shm on one host when allowed; tcp otherwise), then every
- * matching `hosts` line in file order, then every `pair` line in file
- * order — the last one that names a transport wins.  Its cost starts from
- * that transport's `default`, then a calibration measurement
- * (weft_topo_table_set_measured) for that transport, then the KEYs of the
- * matching `hosts` and `pair` lines in file order, each line counting only
- * if it names no transport or the one the pair ended up with.  So the file
- * is the operator's last word, and calibration beats only the defaults.
- *
- *   # two racks joined by a slow uplink
- *   default tcp  alpha_us=15 gbit=25
- *   hosts rackA-* rackB-* alpha_us=40 gbit=10
- *   pair 0 3 tcp alpha_us=200 gbps=0.125
- *
- * Errors name the file, the line and the offending token.  Lines are at
- * most 1024 bytes; control characters other than tab (and a CR before the
- * newline) are refused anywhere, bytes >= 0x80 only inside comments.  A
- * file that fails changes nothing in the table.
+ * The topology file's format and how it layers over the defaults and
+ * the calibration: docs/topology-file.md.
  */
 #ifndef WEFT_TOPO_H
 #define WEFT_TOPO_H
@@ -176,10 +136,10 @@ weft_status_t weft_topo_table_init(struct weft_link_table *tab, int n, const cha
                                    unsigned allowed, char *err, size_t errlen) WEFT_HIDDEN;
 /* Releases what init allocated; accepts NULL and a zeroed or failed table. */
 void weft_topo_table_fini(struct weft_link_table *tab) WEFT_HIDDEN;
-/* (topo_file.c) Applies a topology file (format above); may be called more than once,
- * later files stacking on earlier ones.  WEFT_ERR_SYSTEM when it cannot be
- * read, WEFT_ERR_INVALID_ARG on a bad line; either way err says why and the
- * table is unchanged. */
+/* (topo_file.c) Applies a topology file (docs/topology-file.md); may be
+ * called more than once, later files stacking on earlier ones.
+ * WEFT_ERR_SYSTEM when it cannot be read, WEFT_ERR_INVALID_ARG on a bad
+ * line; either way err says why and the table is unchanged. */
 weft_status_t weft_topo_table_load(struct weft_link_table *tab, const char *path, char *err,
                                    size_t errlen) WEFT_HIDDEN;
 /* The same on text in memory (len bytes, NULs included); name is what

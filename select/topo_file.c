@@ -1,8 +1,9 @@
 /*
- * topo_file.c - the topology file (WEFT_TOPO_FILE; format in topo.h): read
- * whole, parsed line by line into a staging copy and applied only when
- * every line is good.  Input is hostile: lengths, bytes and numbers are
- * checked before use and every error names the line and the token.
+ * topo_file.c - the topology file (WEFT_TOPO_FILE; format in
+ * docs/topology-file.md): read whole, parsed line by line into a staging
+ * copy and applied only when every line is good.  Input is hostile:
+ * lengths, bytes and numbers are checked before use and every error names
+ * the line and the token.
  */
 #include <ctype.h>
 #include <errno.h>
