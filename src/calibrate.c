@@ -135,9 +135,8 @@ static weft_status_t cal_edge(struct weft_comm *comm, int peer, bool pinger, cha
                       comm->rank, peer, t, CAL_TRIES, res->alpha * 1e6, res->beta,
                       done ? "; it keeps the defaults" : "; again");
         if (done) {
-            for (int i = 0; pinger && ok && i < comm->ntp; i++)
-                if (comm->tp[i].ops == comm->link_ops[peer])
-                    res->transport = comm->tp[i].kind;
+            if (pinger && ok)
+                res->transport = comm->link_kind[peer];
             return WEFT_OK;
         }
     }

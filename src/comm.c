@@ -138,6 +138,7 @@ static void comm_free(struct weft_comm *comm)
     free(comm->rescue);
     free(comm->conns);
     free(comm->link_ops);
+    free(comm->link_kind);
     weft_topo_table_fini(&comm->topo);
     weft_errsink_destroy(&comm->err);
     pthread_mutex_destroy(&comm->regs_mu);
@@ -184,8 +185,10 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     comm->conns = calloc((size_t)nranks, sizeof(void *));
     comm->rescue = calloc((size_t)nranks, sizeof(*comm->rescue));
     comm->link_ops = calloc((size_t)nranks, sizeof(*comm->link_ops));
+    comm->link_kind = calloc((size_t)nranks, sizeof(*comm->link_kind));
     all = calloc((size_t)nranks, sizeof(*all));
-    if (comm->conns == NULL || comm->link_ops == NULL || comm->rescue == NULL || all == NULL) {
+    if (comm->conns == NULL || comm->link_ops == NULL || comm->link_kind == NULL ||
+        comm->rescue == NULL || all == NULL) {
         st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "cannot allocate tables for %d ranks", nranks);
         goto fail;
     }

@@ -53,6 +53,7 @@ struct weft_comm {
     struct weft_reg *regs;             /* weft_mem_register's, under regs_mu */
     pthread_mutex_t regs_mu;
     const struct weft_transport_ops **link_ops; /* (nranks) */
+    uint8_t *link_kind;                /* (nranks) link_ops[i]'s index in weft_transports[] */
     struct weft_link_table topo;       /* per-pair transport and cost */
     void **conns;                      /* (nranks) */
     uint8_t taddr[128];                /* our published tcp address */

@@ -205,6 +205,7 @@ static weft_status_t bind_peer(struct opening *o, int r, int *t)
         d->bind_oob(o->ctx[*t], r, oob);
     }
     comm->link_ops[r] = d->ops;
+    comm->link_kind[r] = (uint8_t)*t;
     return d->ops->connect(o->ctx[*t], r, addr, len, &comm->conns[r]);
 }
 
@@ -303,14 +304,13 @@ weft_status_t weft_links_open(struct weft_comm *comm, const struct weft_transpor
         char line[256];
         int at = 0, peers[WEFT_MAX_TRANSPORTS] = {0};
         for (int r = 0; r < n; r++)
-            for (int i = 0; i < comm->ntp; i++)
-                peers[i] += r != rank && comm->link_ops[r] == comm->tp[i].ops;
+            peers[comm->link_kind[r]] += r != rank;
         line[0] = '\0';
         for (int i = 0; i < comm->ntp && at < (int)sizeof(line); i++)
-            if (peers[i] > 0)
+            if (peers[comm->tp[i].kind] > 0)
                 at += snprintf(line + at, sizeof(line) - (size_t)at, "%s%s to %d peer%s",
-                               at ? ", " : "", comm->tp[i].ops->name, peers[i],
-                               peers[i] == 1 ? "" : "s");
+                               at ? ", " : "", weft_transports[comm->tp[i].kind]->name,
+                               peers[comm->tp[i].kind], peers[comm->tp[i].kind] == 1 ? "" : "s");
         WEFT_INFO(WEFT_SUB_INIT, "rank %d: %s", rank, at ? line : "no peers");
     }
 out:

@@ -336,7 +336,7 @@ static int job(void)
         for (int h = 0; h < comm->topo.nhosts; h++)
             printf("  host %d: %s\n", h, comm->topo.hostid[h]);
         for (int i = 0; i < comm->ntp; i++)
-            printf("  rank 0 uses %s\n", comm->tp[i].ops->name);
+            printf("  rank 0 uses %s\n", weft_transports[comm->tp[i].kind]->name);
         weft_topo_table_print(&comm->topo, stdout);
         fflush(stdout);
     }

@@ -8,12 +8,14 @@
 
 #include "transports/registry.h"
 
-/* Link-kind order: the topology file's and weft-info's listings follow it. */
+/* Link-kind order: the topology file's and weft-info's listings follow it.
+ * A new transport goes at the end: ranks exchange link kinds. */
 #define TRANSPORTS(X) \
     X(self)           \
     X(shm)            \
     X(tcp)            \
-    X(verbs)
+    X(verbs)          \
+    /* end of the list */
 
 #define DECLARE(name) extern const struct weft_transport_desc weft_##name##_desc WEFT_HIDDEN;
 TRANSPORTS(DECLARE)
