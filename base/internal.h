@@ -110,9 +110,10 @@ bool weft_registry_remove(struct weft_registry *r, const void *p) WEFT_HIDDEN; /
 bool weft_registry_find(struct weft_registry *r, const void *p, void (*found)(const void *p))
     WEFT_HIDDEN;
 
-/* One table of every environment parameter, read once.  The getters take
- * the full name ("WEFT_SOCKET_NSTREAMS"); asking for a name missing from
- * the table is a programming error caught by the tests. */
+/* Tables of environment parameters, read once: the core one, and each
+ * transport's once it is registered.  The getters take the full name
+ * ("WEFT_SOCKET_NSTREAMS"); asking for a name missing from every table is
+ * a programming error caught by the tests. */
 int64_t weft_param_int(const char *name) WEFT_HIDDEN;
 /* Reads the environment again: for a forked child (tests) that sets its own
  * values before any other thread runs.  Not thread-safe. */
@@ -128,8 +129,13 @@ struct weft_param_desc {
 /* The environment variable that gave name its value (name itself or its
  * NCCL alias), or NULL when it has the default. */
 const char *weft_param_source(const char *name) WEFT_HIDDEN;
-/* The table, for weft-info --params and the README. */
-const struct weft_param_desc *weft_param_table(size_t *n) WEFT_HIDDEN;
+/* Adds a table of a layer above (a transport's): its values are read now,
+ * and the getters know its names from then on.  The table is borrowed for
+ * the life of the process; registering it again does nothing.  Any thread. */
+void weft_param_register(const struct weft_param_desc *desc, size_t n) WEFT_HIDDEN;
+/* Table k (0: the core one, then the registered ones in the order they
+ * came), for weft-info --params and the README; NULL past the last. */
+const struct weft_param_desc *weft_param_table(size_t k, size_t *n) WEFT_HIDDEN;
 /* A list in NCCL's syntax, "a,b" or "^a,b" (exclude), matched without case
  * against names[i] for bit i.  *mask gets what it selects (everything for
  * an empty spec).  An unknown name returns false and is copied into bad. */

@@ -1,11 +1,14 @@
 /*
- * param.c - the one table of environment parameters: name, type, default
- * and a line of documentation.  Each is read once per process, the first
- * time anyone asks.  `weft-info --params` and the README print this table.
+ * param.c - the tables of environment parameters: name, type, default and
+ * a line of documentation.  The core table is here; each transport
+ * declares its own in its folder and registers it (weft_param_register).
+ * Each is read once per process, the first time anyone asks.
+ * `weft-info --params` and the README print the tables.
  */
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +16,7 @@
 
 #include "base/internal.h"
 
-static const struct weft_param_desc table[] = {
+static const struct weft_param_desc core[] = {
     {"WEFT_DEBUG", "str", "WARN", "log level: NONE, WARN, INFO or TRACE", "NCCL_DEBUG"},
     {"WEFT_DEBUG_SUBSYS", "str", "ALL", "log subsystems: INIT,NET,COLL,BOOT,ENV,ALL (^ excludes)", "NCCL_DEBUG_SUBSYS"},
     {"WEFT_DEBUG_FILE", "str", "", "log to this file instead of stderr (%h host, %p pid)", "NCCL_DEBUG_FILE"},
@@ -21,36 +24,15 @@ static const struct weft_param_desc table[] = {
      "deadline for init and for any operation that makes no progress", NULL},
     {"WEFT_SOCKET_IFNAME", "str", "",
      "interfaces to use (NCCL syntax: eth,ib prefixes; ^ excludes; = exact)", "NCCL_SOCKET_IFNAME"},
-    {"WEFT_SOCKET_NSTREAMS", "int", "1", "TCP connections per peer and direction (1-16)", NULL},
-    {"WEFT_SOCKET_BUFSIZE", "int", "4194304", "TCP socket send/receive buffer bytes (0: kernel's)", NULL},
     {"WEFT_CHUNK_SIZE", "int", "524288", "bytes one pipelined step carries", NULL},
     {"WEFT_STAGING_SLOTS", "int", "16", "receive-reduce chunks in flight per communicator", NULL},
     {"WEFT_SPIN_US", "int", "-1",
      "microseconds to poll busily before sleeping (-1: 40, or 1000 yielding the core when this host has more ranks than cores)", NULL},
     {"WEFT_TRANSPORT", "str", "", "transports allowed (list, ^ excludes): shm carries pairs on one host, tcp the rest", NULL},
     {"WEFT_HOSTID", "str", "", "this host's identity (default hostname + boot id); ranks with equal ones use shm", NULL},
-    {"WEFT_SHM_SLOTS", "int", "8", "slots per shared-memory ring (one ring per peer), 1..1024", NULL},
-    {"WEFT_SHM_SLOT_BYTES", "int", "262144", "bytes per shared-memory slot, rounded up to a page; messages move in slot-sized chunks", NULL},
-    {"WEFT_SHM_CMA_MIN", "int", "0", "messages at least this long are pulled with process_vm_readv instead of the ring (0: never; the ring measured faster here)", NULL},
-    {"WEFT_SHM_DIR", "str", "/dev/shm", "folder for shared-memory segments (shm_open in /dev/shm, open() elsewhere)", NULL},
-    {"WEFT_IB_HCA", "str", "",
-     "RDMA devices and ports to use (NCCL syntax: mlx5 prefixes, mlx5_0:1 one port; ^ excludes; = exact)", "NCCL_IB_HCA"},
-    {"WEFT_IB_GID_INDEX", "int", "-1",
-     "GID table index to use (-1: RoCE v2 with a WEFT_IB_ADDR_FAMILY address, index 0 on InfiniBand)", "NCCL_IB_GID_INDEX"},
-    {"WEFT_IB_ADDR_FAMILY", "str", "AF_INET", "address family of the RoCE GID picked: AF_INET or AF_INET6", "NCCL_IB_ADDR_FAMILY"},
-    {"WEFT_IB_TC", "int", "0", "traffic class of RoCE packets (GRH)", "NCCL_IB_TC"},
-    {"WEFT_IB_SL", "int", "0", "InfiniBand service level", "NCCL_IB_SL"},
-    {"WEFT_IB_TIMEOUT", "int", "20", "QP ack timeout exponent: 4.096 us x 2^N", "NCCL_IB_TIMEOUT"},
-    {"WEFT_IB_RETRY_CNT", "int", "7", "QP retransmissions before a send fails (0-7)", "NCCL_IB_RETRY_CNT"},
-    {"WEFT_IB_QPS_PER_CONNECTION", "int", "1", "queue pairs per connection; messages are split over them", "NCCL_IB_QPS_PER_CONNECTION"},
-    {"WEFT_IB_CM", "str", "auto",
-     "queue pair setup: auto (librdmacm where it serves the bootstrap's address, else oob), rdmacm (librdmacm or fail), oob (by hand, over the peers' authenticated tcp connection)", NULL},
-    {"WEFT_IB_REGCACHE", "int", "0",
-     "1: register any user buffer once and keep it (zero-copy; the program must not unmap memory weft has seen while the communicator lives); 0: user memory goes through registered bounce buffers (a copy each way)", NULL},
-    {"WEFT_IB_SYSFS", "str", "/sys", "sysfs root the verbs transport reads GID types from (tests point it at fixtures)", NULL},
     {"WEFT_BIND", "int", "0", "1: pin each rank's threads to one CPU of those allowed, the k-th rank of a machine to the k-th CPU (0: the kernel places them)", NULL},
     {"WEFT_CALIBRATE", "int", "1", "1: time a short ping-pong between ring neighbours at init and start the link table from it; 0: built-in defaults", NULL},
-    {"WEFT_TOPO_FILE", "str", "", "topology file: per-transport defaults, per-host and per-pair link costs and transports (format in src/topo.h)", NULL},
+    {"WEFT_TOPO_FILE", "str", "", "topology file: per-transport defaults, per-host and per-pair link costs and transports (format in docs/topology-file.md)", NULL},
     {"WEFT_CHECK", "int", "0",
      "1: before each collective the ranks exchange fingerprints (sequence, collective, count, dtype, op, root, algorithm); a disagreement fails the communicator with WEFT_ERR_MISMATCH naming both calls instead of hanging (one extra message round per collective; set it on every rank)", NULL},
     {"WEFT_DETERMINISTIC", "int", "0",
@@ -67,9 +49,21 @@ static const struct weft_param_desc table[] = {
     {"WEFT_NRANKS", "str", "", "weft_comm_init_env: number of ranks", NULL},
 };
 
-static char *values[WEFT_ARRAY_SIZE(table)];
-static const char *sources[WEFT_ARRAY_SIZE(table)]; /* the variable that set it, or NULL */
-static int64_t ints[WEFT_ARRAY_SIZE(table)];
+/* A registered table and the values read for it.  Entries are written
+ * once, under reg_mu, before nsets counts them; readers need no lock. */
+struct param_set {
+    const struct weft_param_desc *desc;
+    size_t n;
+    char **values;
+    const char **sources; /* the variable that set it, or NULL */
+    int64_t *ints;
+};
+
+#define MAX_SETS 16
+
+static struct param_set sets[MAX_SETS];
+static _Atomic size_t nsets;
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 bool weft_parse_size(const char *s, int64_t *out)
@@ -129,64 +123,117 @@ bool weft_parse_mask(const char *spec, const char *const *names, size_t n, unsig
     return true;
 }
 
-static void load(void)
+static void load(struct param_set *ps)
 {
-    for (size_t i = 0; i < WEFT_ARRAY_SIZE(table); i++) {
-        const char *env = getenv(table[i].name);
-        sources[i] = env ? table[i].name : NULL;
+    for (size_t i = 0; i < ps->n; i++) {
+        const struct weft_param_desc *d = &ps->desc[i];
+        const char *env = getenv(d->name);
+        ps->sources[i] = env ? d->name : NULL;
         /* NCCL's name counts only when weft's own is unset. */
-        if (env == NULL && table[i].alias && (env = getenv(table[i].alias)) != NULL)
-            sources[i] = table[i].alias;
-        values[i] = strdup(env ? env : table[i].dflt);
-        if (strcmp(table[i].type, "int") != 0)
+        if (env == NULL && d->alias && (env = getenv(d->alias)) != NULL)
+            ps->sources[i] = d->alias;
+        ps->values[i] = strdup(env ? env : d->dflt);
+        if (strcmp(d->type, "int") != 0)
             continue;
-        if (!weft_parse_size(values[i], &ints[i])) {
+        if (!weft_parse_size(ps->values[i], &ps->ints[i])) {
             /* A bad value must not silently become 0: warn and keep the default. */
             fprintf(stderr, "weft: %s=\"%s\" is not a number; using the default %s\n",
-                    sources[i], values[i], table[i].dflt);
-            weft_parse_size(table[i].dflt, &ints[i]);
+                    ps->sources[i], ps->values[i], d->dflt);
+            weft_parse_size(d->dflt, &ps->ints[i]);
         }
     }
 }
 
-void weft_param_reload(void)
+/* Makes desc set k and reads it; false when out of memory. */
+static bool add_set(size_t k, const struct weft_param_desc *desc, size_t n)
 {
-    pthread_once(&once, load);
-    for (size_t i = 0; i < WEFT_ARRAY_SIZE(table); i++)
-        free(values[i]);
-    load();
+    struct param_set *ps = &sets[k];
+    ps->values = calloc(n ? n : 1, sizeof(*ps->values));
+    ps->sources = calloc(n ? n : 1, sizeof(*ps->sources));
+    ps->ints = calloc(n ? n : 1, sizeof(*ps->ints));
+    if (!ps->values || !ps->sources || !ps->ints) {
+        free(ps->values);
+        free(ps->sources);
+        free(ps->ints);
+        return false;
+    }
+    ps->desc = desc;
+    ps->n = n;
+    load(ps);
+    atomic_store(&nsets, k + 1);
+    return true;
 }
 
-static size_t find(const char *name)
+static void load_core(void)
 {
-    pthread_once(&once, load);
-    for (size_t i = 0; i < WEFT_ARRAY_SIZE(table); i++)
-        if (strcmp(table[i].name, name) == 0)
-            return i;
+    if (!add_set(0, core, WEFT_ARRAY_SIZE(core)))
+        fprintf(stderr, "weft: out of memory for the parameter table\n");
+}
+
+void weft_param_register(const struct weft_param_desc *desc, size_t n)
+{
+    pthread_once(&once, load_core);
+    pthread_mutex_lock(&reg_mu);
+    size_t k = atomic_load(&nsets), i = 0;
+    while (i < k && sets[i].desc != desc)
+        i++;
+    if (i == k && (k == MAX_SETS || !add_set(k, desc, n)))
+        fprintf(stderr, "weft: internal error: cannot register parameters %s...\n",
+                n ? desc[0].name : "");
+    pthread_mutex_unlock(&reg_mu);
+}
+
+void weft_param_reload(void)
+{
+    pthread_once(&once, load_core);
+    for (size_t k = 0; k < atomic_load(&nsets); k++) {
+        for (size_t i = 0; i < sets[k].n; i++)
+            free(sets[k].values[i]);
+        load(&sets[k]);
+    }
+}
+
+/* The set and row of name; NULL (said on stderr) when no table has it. */
+static const struct param_set *find(const char *name, size_t *row)
+{
+    pthread_once(&once, load_core);
+    size_t k = atomic_load(&nsets);
+    for (size_t s = 0; s < k; s++)
+        for (size_t i = 0; i < sets[s].n; i++)
+            if (strcmp(sets[s].desc[i].name, name) == 0) {
+                *row = i;
+                return &sets[s];
+            }
     fprintf(stderr, "weft: internal error: unknown parameter %s\n", name);
-    return WEFT_ARRAY_SIZE(table);
+    return NULL;
 }
 
 int64_t weft_param_int(const char *name)
 {
-    size_t i = find(name);
-    return i < WEFT_ARRAY_SIZE(table) ? ints[i] : 0;
+    size_t i;
+    const struct param_set *ps = find(name, &i);
+    return ps ? ps->ints[i] : 0;
 }
 
 const char *weft_param_str(const char *name)
 {
-    size_t i = find(name);
-    return i < WEFT_ARRAY_SIZE(table) && values[i] ? values[i] : "";
+    size_t i;
+    const struct param_set *ps = find(name, &i);
+    return ps && ps->values[i] ? ps->values[i] : "";
 }
 
 const char *weft_param_source(const char *name)
 {
-    size_t i = find(name);
-    return i < WEFT_ARRAY_SIZE(table) ? sources[i] : NULL;
+    size_t i;
+    const struct param_set *ps = find(name, &i);
+    return ps ? ps->sources[i] : NULL;
 }
 
-const struct weft_param_desc *weft_param_table(size_t *n)
+const struct weft_param_desc *weft_param_table(size_t k, size_t *n)
 {
-    *n = WEFT_ARRAY_SIZE(table);
-    return table;
+    pthread_once(&once, load_core);
+    if (k >= atomic_load(&nsets))
+        return NULL;
+    *n = sets[k].n;
+    return sets[k].desc;
 }

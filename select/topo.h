@@ -5,48 +5,8 @@
  * byte).  The probe is topo.c; the table and the fit topo_link.c; the
  * topology file topo_file.c.
  *
- * Topology file (WEFT_TOPO_FILE)
- * ------------------------------
- * Plain text, one directive a line; '#' starts a comment that runs to the
- * end of the line; blank lines are ignored; tokens are separated by spaces
- * or tabs.  Three directives:
- *
- *   default <shm|tcp|self> KEY=VALUE...
- *       the cost of every link of that transport that nothing below names
- *   hosts <pattern-a> <pattern-b> [shm|tcp] [KEY=VALUE...]
- *       every pair of distinct ranks, one on a host whose id matches a and
- *       the other on one that matches b (either way round).  Patterns match
- *       the whole host id (WEFT_HOSTID, or hostname/boot-id); '*' matches
- *       any run of characters, '?' one character, anything else itself.
- *   pair <rank-i> <rank-j> [shm|tcp] [KEY=VALUE...]
- *       the pair i, j (both directions; i != j)
- *
- * KEYs: alpha_us (latency per message, microseconds, 0 to 1e7),
- *       gbps     (bandwidth in GB/s = 1e9 bytes/s, as nccl-tests prints it;
- *                 1e-6 to 1e5),
- *       gbit     (bandwidth in Gbit/s; 8e-6 to 8e5; one of gbps/gbit).
- * Naming a transport forces it for those pairs; shm only joins ranks of one
- * host, and a transport WEFT_TRANSPORT excludes cannot be forced.
- *
- * Which value a pair gets: its transport is the default choice (self for
- * i == j; shm on one host when allowed; tcp otherwise), then every
- * matching `hosts` line in file order, then every `pair` line in file
- * order — the last one that names a transport wins.  Its cost starts from
- * that transport's `default`, then a calibration measurement
- * (weft_topo_table_set_measured) for that transport, then the KEYs of the
- * matching `hosts` and `pair` lines in file order, each line counting only
- * if it names no transport or the one the pair ended up with.  So the file
- * is the operator's last word, and calibration beats only the defaults.
- *
- *   # two racks joined by a slow uplink
- *   default tcp  alpha_us=15 gbit=25
- *   hosts rackA-* rackB-* alpha_us=40 gbit=10
- *   pair 0 3 tcp alpha_us=200 gbps=0.125
- *
- * Errors name the file, the line and the offending token.  Lines are at
- * most 1024 bytes; control characters other than tab (and a CR before the
- * newline) are refused anywhere, bytes >= 0x80 only inside comments.  A
- * file that fails changes nothing in the table.
+ * The topology file's format and how it layers over the defaults and
+ * the calibration: docs/topology-file.md.
  */
 #ifndef WEFT_TOPO_H
 #define WEFT_TOPO_H
@@ -56,6 +16,7 @@
 #include <stdio.h>
 
 #include "base/internal.h"
+#include "transports/registry.h"
 
 /* ---- the probe (topo.c) -------------------------------------------------- */
 
@@ -121,33 +82,15 @@ void weft_topo_cpulist(const cpu_set_t *s, char *buf, size_t len) WEFT_HIDDEN;
 
 /* ---- the link table (topo_link.c) ----------------------------------------- */
 
-enum weft_link_transport {
-    WEFT_LINK_SELF, WEFT_LINK_SHM, WEFT_LINK_TCP, WEFT_LINK_VERBS, WEFT_LINK_NTRANSPORTS
-};
-#define WEFT_LINK_ALLOW_ALL ((1u << WEFT_LINK_SHM) | (1u << WEFT_LINK_TCP) | (1u << WEFT_LINK_VERBS))
-/* "self", "shm", "tcp"; "?" out of range. */
-const char *weft_link_transport_name(int transport) WEFT_HIDDEN;
-
-/* Defaults, from docs/MEASURED figures of the development machine (2 cores):
- * shm: flag ping-pong 0.27 us one way, Open MPI's 8 B shm allreduce 0.55 us;
- * the shm ring and process_vm_readv move 11-19 GB/s at chunk sizes, 6.5-17
- * for 64 MiB.  tcp: loopback 8 B ping-pong 9-14 us one way, iperf3 14 Gbit/s
- * on one stream.  self: memcpy 14-44 GB/s. */
-#define WEFT_LINK_SHM_ALPHA 0.5e-6
-#define WEFT_LINK_SHM_BETA (1.0 / 12e9)
-#define WEFT_LINK_TCP_ALPHA 12e-6
-#define WEFT_LINK_TCP_BETA (1.0 / 1.75e9)
-#define WEFT_LINK_VERBS_ALPHA 3e-6      /* an RC write with immediate, one switch hop */
-#define WEFT_LINK_VERBS_BETA (1.0 / 12e9) /* 100 Gbit/s */
-#define WEFT_LINK_SELF_ALPHA 0.1e-6
-#define WEFT_LINK_SELF_BETA (1.0 / 17e9)
+/* A link's transport is its index in the transport registry
+ * (transports/registry.h, weft_transports[]): its link kind. */
 
 /* Where a link's cost came from. */
 enum weft_link_source { WEFT_LINK_FROM_DEFAULT, WEFT_LINK_FROM_MEASURED, WEFT_LINK_FROM_FILE };
 
 /* One direction of one pair, as weft_topo_table_get computes it. */
 struct weft_link {
-    int transport; /* enum weft_link_transport */
+    int transport; /* index in weft_transports[] */
     int source;    /* enum weft_link_source of the cost */
     int line;      /* the file line that set the cost last (source FILE), else 0 */
     double alpha;  /* seconds per message */
@@ -160,38 +103,43 @@ struct weft_link_rules; /* topo_link.c */
  * per-transport defaults + sparse overrides, so 10,000 ranks cost O(n)
  * memory, not n^2.  Owner: whoever called weft_topo_table_init, which
  * releases it with weft_topo_table_fini.  Invariants: 0 <= host[r] <
- * nhosts; hosts are numbered by their first rank; allowed has at least
- * one transport, and tcp or verbs whenever nhosts > 1.  A pair on one host
- * takes shm, else verbs, else tcp; a pair across hosts verbs, else tcp (as
- * allowed), unless the file says otherwise. */
+ * nhosts; hosts are numbered by their first rank; every class of pair
+ * that occurs has a transport (pick).  A pair takes the allowed transport
+ * of lowest priority that reaches it (shm on one host, else verbs, else
+ * tcp; self for a rank with itself), unless the file says otherwise. */
 struct weft_link_table {
     int n;                 /* ranks */
     int nhosts;
     int *host;             /* (n) host index of each rank */
     char **hostid;         /* (nhosts) owned copies of the host ids */
-    unsigned allowed;      /* 1u << WEFT_LINK_SHM | 1u << WEFT_LINK_TCP */
-    double alpha[WEFT_LINK_NTRANSPORTS]; /* defaults, seconds */
-    double beta[WEFT_LINK_NTRANSPORTS];  /* defaults, seconds per byte */
+    unsigned allowed;      /* 1u << transport, as WEFT_TRANSPORT allows (implicit ones
+                              such as self are not in it, and always usable) */
+    int pick[3];           /* the default transport of a pair across hosts [0], on one
+                              host [1], of a rank with itself [2]; -1: none reaches */
+    double alpha[WEFT_MAX_TRANSPORTS]; /* defaults, seconds */
+    double beta[WEFT_MAX_TRANSPORTS];  /* defaults, seconds per byte */
     struct weft_link_rules *rules;       /* file lines and measurements */
 };
 
-/* WEFT_TRANSPORT ("shm,tcp", "tcp", "^shm", "verbs"; "" allows all) -> allowed mask.
+/* WEFT_TRANSPORT ("shm,tcp", "tcp", "^shm", "verbs"; "" allows all) -> allowed mask
+ * (1u << transport, the implicit ones never in it).
  * An unknown name or a list that leaves nothing is WEFT_ERR_INVALID_ARG,
  * with a message in err. */
 weft_status_t weft_topo_parse_transports(const char *spec, unsigned *allowed, char *err,
                                          size_t errlen) WEFT_HIDDEN;
 /* Builds the default table: hostid[r] is rank r's host identity (NULL: all
- * on one host; the strings are copied).  Ranks on different hosts need tcp
- * in allowed, else WEFT_ERR_INVALID_ARG naming them.  On error *tab is left
- * empty (fini is still safe). */
+ * on one host; the strings are copied).  Every pair needs an allowed
+ * transport that reaches it (ranks on different hosts: tcp or verbs), else
+ * WEFT_ERR_INVALID_ARG naming two such ranks.  On error *tab is left empty
+ * (fini is still safe). */
 weft_status_t weft_topo_table_init(struct weft_link_table *tab, int n, const char *const *hostid,
                                    unsigned allowed, char *err, size_t errlen) WEFT_HIDDEN;
 /* Releases what init allocated; accepts NULL and a zeroed or failed table. */
 void weft_topo_table_fini(struct weft_link_table *tab) WEFT_HIDDEN;
-/* (topo_file.c) Applies a topology file (format above); may be called more than once,
- * later files stacking on earlier ones.  WEFT_ERR_SYSTEM when it cannot be
- * read, WEFT_ERR_INVALID_ARG on a bad line; either way err says why and the
- * table is unchanged. */
+/* (topo_file.c) Applies a topology file (docs/topology-file.md); may be
+ * called more than once, later files stacking on earlier ones.
+ * WEFT_ERR_SYSTEM when it cannot be read, WEFT_ERR_INVALID_ARG on a bad
+ * line; either way err says why and the table is unchanged. */
 weft_status_t weft_topo_table_load(struct weft_link_table *tab, const char *path, char *err,
                                    size_t errlen) WEFT_HIDDEN;
 /* The same on text in memory (len bytes, NULs included); name is what
@@ -228,7 +176,7 @@ weft_status_t weft_topo_fit(const double *bytes, const double *seconds, int n, d
 /* The edge i -> i+1 (mod n) as its pinger measured it. */
 struct weft_cal_edge {
     int i, j;
-    int transport; /* enum weft_link_transport */
+    int transport; /* index in weft_transports[] */
     double alpha, beta;
 };
 
@@ -238,8 +186,8 @@ struct weft_cal_edge {
 struct weft_cal {
     int nedges;
     struct weft_cal_edge *edges; /* owned; weft_cal_free */
-    bool have[WEFT_LINK_NTRANSPORTS];
-    double alpha[WEFT_LINK_NTRANSPORTS], beta[WEFT_LINK_NTRANSPORTS];
+    bool have[WEFT_MAX_TRANSPORTS];
+    double alpha[WEFT_MAX_TRANSPORTS], beta[WEFT_MAX_TRANSPORTS];
 };
 
 

@@ -1,8 +1,9 @@
 /*
- * topo_file.c - the topology file (WEFT_TOPO_FILE; format in topo.h): read
- * whole, parsed line by line into a staging copy and applied only when
- * every line is good.  Input is hostile: lengths, bytes and numbers are
- * checked before use and every error names the line and the token.
+ * topo_file.c - the topology file (WEFT_TOPO_FILE; format in
+ * docs/topology-file.md): read whole, parsed line by line into a staging
+ * copy and applied only when every line is good.  Input is hostile:
+ * lengths, bytes and numbers are checked before use and every error names
+ * the line and the token.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -25,7 +26,7 @@
 /* Everything one parse would change, applied only when the whole text is
  * good. */
 struct staging {
-    double alpha[WEFT_LINK_NTRANSPORTS], beta[WEFT_LINK_NTRANSPORTS];
+    double alpha[WEFT_MAX_TRANSPORTS], beta[WEFT_MAX_TRANSPORTS];
     struct weft_link_hosts_rule *hosts;
     int nhosts, hosts_cap;
     struct {
@@ -59,14 +60,6 @@ static weft_status_t no_memory(const struct ctx *c)
 {
     weft_topo_errf(c->err, c->errlen, "%s:%d: out of memory", c->name, c->line);
     return WEFT_ERR_NO_MEMORY;
-}
-
-static int transport_of(const char *tok)
-{
-    for (int t = 0; t < WEFT_LINK_NTRANSPORTS; t++)
-        if (strcmp(tok, weft_link_names_[t]) == 0)
-            return t;
-    return -1;
 }
 
 /* The "C" locale, so that "1.5" means 1.5 whatever LC_NUMERIC the
@@ -108,14 +101,16 @@ static weft_status_t parse_settings(const struct ctx *c, char **tok, int n, bool
     for (int k = 0; k < n; k++) {
         const char *eq = strchr(tok[k], '=');
         if (eq == NULL) {
-            int t = transport_of(tok[k]);
-            if (t == WEFT_LINK_SELF)
-                return bad(c, "self is only a rank with itself, not a transport to force", tok[k]);
-            if (t < 0 || !transport_ok)
-                return bad(c,
-                           transport_ok ? "expected shm, tcp or KEY=VALUE, got"
-                                        : "expected KEY=VALUE, got",
-                           tok[k]);
+            int t = weft_transport_find(tok[k]);
+            if (t >= 0 && (weft_transports[t]->flags & WEFT_TP_IMPLICIT))
+                return bad(c, "not a transport one can force (only its own cost)", tok[k]);
+            if (t < 0 || !transport_ok) {
+                char names[128], what[192];
+                snprintf(what, sizeof(what), "expected %s or KEY=VALUE, got",
+                         weft_transport_list(weft_transport_choosable(), ", ", names,
+                                             sizeof(names)));
+                return bad(c, transport_ok ? what : "expected KEY=VALUE, got", tok[k]);
+            }
             if (s->transport >= 0)
                 return bad(c, "second transport", tok[k]);
             s->transport = t;
@@ -202,9 +197,10 @@ static weft_status_t check_forced(const struct ctx *c, int t, int ha, int hb, co
         return WEFT_OK;
     if (!(c->tab->allowed & (1u << t)))
         return bad(c, "transport excluded by WEFT_TRANSPORT", tok);
-    if (t == WEFT_LINK_SHM && ha != hb) {
+    const struct weft_transport_pair pair = {.same_host = ha == hb};
+    if (!weft_transports[t]->can_reach(&pair)) {
         char a[64], b[64], what[256];
-        snprintf(what, sizeof(what), "shm joins only ranks of one host, not %s and %s:",
+        snprintf(what, sizeof(what), "%s cannot join ranks of %s and %s:", weft_transports[t]->name,
                  weft_topo_quote(c->tab->hostid[ha], strlen(c->tab->hostid[ha]), a, sizeof(a)),
                  weft_topo_quote(c->tab->hostid[hb], strlen(c->tab->hostid[hb]), b, sizeof(b)));
         return bad(c, what, tok);
@@ -227,11 +223,16 @@ static weft_status_t parse_line(const struct ctx *c, char **tok, int ntok, struc
     s.line = c->line;
     weft_status_t st;
     if (strcmp(tok[0], "default") == 0) {
+        char names[128], what[192];
+        snprintf(what, sizeof(what), "default needs a transport (%s)",
+                 weft_transport_list(~0u, " or ", names, sizeof(names)));
         if (ntok < 2)
-            return bad(c, "default needs a transport (self, shm or tcp)", NULL);
-        int t = transport_of(tok[1]);
-        if (t < 0)
-            return bad(c, "expected a transport (self, shm or tcp), got", tok[1]);
+            return bad(c, what, NULL);
+        int t = weft_transport_find(tok[1]);
+        if (t < 0) {
+            snprintf(what, sizeof(what), "expected a transport (%s), got", names);
+            return bad(c, what, tok[1]);
+        }
         if (ntok < 3)
             return bad(c, "default sets nothing: add alpha_us=, gbps= or gbit= after", tok[1]);
         if ((st = parse_settings(c, tok + 2, ntok - 2, false, &s)) != WEFT_OK)

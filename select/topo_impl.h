@@ -40,8 +40,6 @@ struct weft_link_rules {
     size_t cap, used; /* cap: a power of two, or 0 */
 };
 
-extern const char *const weft_link_names_[WEFT_LINK_NTRANSPORTS] WEFT_HIDDEN;
-
 /* The key of the unordered pair i, j (i != j). */
 static inline uint64_t weft_link_pair_key(int i, int j)
 {

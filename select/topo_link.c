@@ -11,13 +11,6 @@
 
 #include "select/topo_impl.h"
 
-const char *const weft_link_names_[WEFT_LINK_NTRANSPORTS] = {"self", "shm", "tcp", "verbs"};
-
-const char *weft_link_transport_name(int transport)
-{
-    return transport >= 0 && transport < WEFT_LINK_NTRANSPORTS ? weft_link_names_[transport] : "?";
-}
-
 void weft_topo_errf(char *err, size_t errlen, const char *fmt, ...)
 {
     if (err == NULL || errlen == 0)
@@ -113,25 +106,35 @@ struct weft_link_pair *weft_link_map_get(struct weft_link_rules *r, uint64_t key
 weft_status_t weft_topo_parse_transports(const char *spec, unsigned *allowed, char *err,
                                          size_t errlen)
 {
-    /* weft_parse_mask numbers names from bit 0: shift past self. */
-    const char *const names[] = {"shm", "tcp", "verbs"};
-    unsigned mask;
-    char bad[64];
-    if (!weft_parse_mask(spec, names, 3, &mask, bad, sizeof(bad))) {
+    /* weft_parse_mask numbers names from bit 0: map bit k back to the
+     * k-th transport the operator may name. */
+    const char *names[WEFT_MAX_TRANSPORTS];
+    int index[WEFT_MAX_TRANSPORTS], n = 0;
+    unsigned choosable = weft_transport_choosable(), mask;
+    for (int t = 0; weft_transports[t]; t++)
+        if (choosable & (1u << t)) {
+            index[n] = t;
+            names[n++] = weft_transports[t]->name;
+        }
+    char bad[64], avail[128];
+    weft_transport_list(choosable, ", ", avail, sizeof(avail));
+    if (!weft_parse_mask(spec, names, (size_t)n, &mask, bad, sizeof(bad))) {
         char q[64], qb[64];
-        weft_topo_errf(err, errlen,
-                       "WEFT_TRANSPORT=%s: unknown transport '%s' (available: shm, tcp, verbs)",
+        weft_topo_errf(err, errlen, "WEFT_TRANSPORT=%s: unknown transport '%s' (available: %s)",
                        weft_topo_quote(spec, strlen(spec), q, sizeof(q)),
-                       weft_topo_quote(bad, strlen(bad), qb, sizeof(qb)));
+                       weft_topo_quote(bad, strlen(bad), qb, sizeof(qb)), avail);
         return WEFT_ERR_INVALID_ARG;
     }
     if (mask == 0) {
         char q[64];
-        weft_topo_errf(err, errlen, "WEFT_TRANSPORT=%s leaves no transport (available: shm, tcp, verbs)",
-                       weft_topo_quote(spec, strlen(spec), q, sizeof(q)));
+        weft_topo_errf(err, errlen, "WEFT_TRANSPORT=%s leaves no transport (available: %s)",
+                       weft_topo_quote(spec, strlen(spec), q, sizeof(q)), avail);
         return WEFT_ERR_INVALID_ARG;
     }
-    *allowed = mask << WEFT_LINK_SHM;
+    *allowed = 0;
+    for (int k = 0; k < n; k++)
+        if (mask & (1u << k))
+            *allowed |= 1u << index[k];
     return WEFT_OK;
 }
 
@@ -236,6 +239,58 @@ out:
     return st;
 }
 
+/* The allowed transport of lowest priority that reaches such a pair (the
+ * implicit ones are always allowed), or -1. */
+static int pick_for(unsigned allowed, bool same_host, bool self)
+{
+    const struct weft_transport_pair pair = {.self = self, .same_host = same_host || self};
+    int order[WEFT_MAX_TRANSPORTS], n = weft_transport_by_priority(order);
+    for (int k = 0; k < n; k++) {
+        const struct weft_transport_desc *d = weft_transports[order[k]];
+        if (((allowed & (1u << order[k])) || (d->flags & WEFT_TP_IMPLICIT)) && d->can_reach(&pair))
+            return order[k];
+    }
+    return -1;
+}
+
+/* Every class of pair the layout has must have a transport. */
+static weft_status_t check_reach(const struct weft_link_table *tab, char *err, size_t errlen)
+{
+    char names[128], a[64], b[64];
+    weft_transport_list(tab->allowed, ", ", names, sizeof(names));
+    if (tab->pick[2] < 0) {
+        weft_topo_errf(err, errlen, "link table: no transport carries a rank's messages to itself");
+        return WEFT_ERR_INVALID_ARG;
+    }
+    int r = 1;
+    if (tab->nhosts > 1 && tab->pick[0] < 0) {
+        while (tab->host[r] == 0)
+            r++;
+        weft_topo_errf(err, errlen,
+                       "ranks 0 and %d are on different hosts (%s, %s) but only %s %s allowed "
+                       "(WEFT_TRANSPORT)",
+                       r, weft_topo_quote(tab->hostid[0], strlen(tab->hostid[0]), a, sizeof(a)),
+                       weft_topo_quote(tab->hostid[tab->host[r]], strlen(tab->hostid[tab->host[r]]),
+                                       b, sizeof(b)),
+                       names, __builtin_popcount(tab->allowed) > 1 ? "are" : "is");
+        return WEFT_ERR_INVALID_ARG;
+    }
+    if (tab->nhosts < tab->n && tab->pick[1] < 0) {
+        /* Hosts are numbered by first rank, so until the first rank that
+         * shares a host, rank r is on host r. */
+        for (r = 0; tab->host[r] == r; r++)
+            ;
+        weft_topo_errf(err, errlen,
+                       "rank %d shares its host (%s) with a lower rank but only %s %s allowed "
+                       "(WEFT_TRANSPORT)",
+                       r, weft_topo_quote(tab->hostid[tab->host[r]],
+                                          strlen(tab->hostid[tab->host[r]]), a, sizeof(a)),
+                       names, __builtin_popcount(tab->allowed) > 1 ? "are" : "is");
+        return WEFT_ERR_INVALID_ARG;
+    }
+    return WEFT_OK;
+}
+
 weft_status_t weft_topo_table_init(struct weft_link_table *tab, int n, const char *const *hostid,
                                    unsigned allowed, char *err, size_t errlen)
 {
@@ -244,21 +299,19 @@ weft_status_t weft_topo_table_init(struct weft_link_table *tab, int n, const cha
         weft_topo_errf(err, errlen, "link table: %d ranks (must be 1 to 2^30)", n);
         return WEFT_ERR_INVALID_ARG;
     }
-    allowed &= WEFT_LINK_ALLOW_ALL;
+    allowed &= weft_transport_choosable();
     if (allowed == 0) {
         weft_topo_errf(err, errlen, "link table: no transport allowed");
         return WEFT_ERR_INVALID_ARG;
     }
     tab->n = n;
     tab->allowed = allowed;
-    tab->alpha[WEFT_LINK_SELF] = WEFT_LINK_SELF_ALPHA;
-    tab->beta[WEFT_LINK_SELF] = WEFT_LINK_SELF_BETA;
-    tab->alpha[WEFT_LINK_SHM] = WEFT_LINK_SHM_ALPHA;
-    tab->beta[WEFT_LINK_SHM] = WEFT_LINK_SHM_BETA;
-    tab->alpha[WEFT_LINK_TCP] = WEFT_LINK_TCP_ALPHA;
-    tab->beta[WEFT_LINK_TCP] = WEFT_LINK_TCP_BETA;
-    tab->alpha[WEFT_LINK_VERBS] = WEFT_LINK_VERBS_ALPHA;
-    tab->beta[WEFT_LINK_VERBS] = WEFT_LINK_VERBS_BETA;
+    for (int t = 0; weft_transports[t]; t++) {
+        tab->alpha[t] = weft_transports[t]->alpha;
+        tab->beta[t] = weft_transports[t]->beta;
+    }
+    for (int c = 0; c < 3; c++)
+        tab->pick[c] = pick_for(allowed, c == 1, c == 2);
     tab->host = calloc((size_t)n, sizeof(*tab->host));
     tab->rules = calloc(1, sizeof(*tab->rules));
     weft_status_t st;
@@ -267,22 +320,9 @@ weft_status_t weft_topo_table_init(struct weft_link_table *tab, int n, const cha
         st = WEFT_ERR_NO_MEMORY;
         goto fail;
     }
-    if ((st = group_hosts(tab, hostid, err, errlen)) != WEFT_OK)
+    if ((st = group_hosts(tab, hostid, err, errlen)) != WEFT_OK ||
+        (st = check_reach(tab, err, errlen)) != WEFT_OK)
         goto fail;
-    if (tab->nhosts > 1 && !(allowed & ((1u << WEFT_LINK_TCP) | (1u << WEFT_LINK_VERBS)))) {
-        int r = 1;
-        while (tab->host[r] == 0)
-            r++;
-        char a[64], b[64];
-        weft_topo_errf(err, errlen,
-                       "ranks 0 and %d are on different hosts (%s, %s) but only shm is allowed "
-                       "(WEFT_TRANSPORT)",
-                       r, weft_topo_quote(tab->hostid[0], strlen(tab->hostid[0]), a, sizeof(a)),
-                       weft_topo_quote(tab->hostid[tab->host[r]], strlen(tab->hostid[tab->host[r]]),
-                                       b, sizeof(b)));
-        st = WEFT_ERR_INVALID_ARG;
-        goto fail;
-    }
     return WEFT_OK;
 fail:
     weft_topo_table_fini(tab);
@@ -292,7 +332,7 @@ fail:
 weft_status_t weft_topo_table_set_default(struct weft_link_table *tab, int transport, double alpha,
                                           double beta)
 {
-    if (transport < 0 || transport >= WEFT_LINK_NTRANSPORTS || !isfinite(alpha) ||
+    if (transport < 0 || transport >= weft_transport_count() || !isfinite(alpha) ||
         !isfinite(beta) || alpha < 0 || beta < 0)
         return WEFT_ERR_INVALID_ARG;
     tab->alpha[transport] = alpha;
@@ -327,19 +367,16 @@ weft_status_t weft_topo_table_get(const struct weft_link_table *tab, int i, int 
 {
     if (tab == NULL || tab->host == NULL || i < 0 || j < 0 || i >= tab->n || j >= tab->n)
         return WEFT_ERR_INVALID_ARG;
-    struct weft_link l = {.transport = WEFT_LINK_SELF, .source = WEFT_LINK_FROM_DEFAULT};
+    struct weft_link l = {.transport = tab->pick[2], .source = WEFT_LINK_FROM_DEFAULT};
     if (i == j) {
-        l.alpha = tab->alpha[WEFT_LINK_SELF];
-        l.beta = tab->beta[WEFT_LINK_SELF];
+        l.alpha = tab->alpha[l.transport];
+        l.beta = tab->beta[l.transport];
         *out = l;
         return WEFT_OK;
     }
     const struct weft_link_rules *r = tab->rules;
     int hi = tab->host[i], hj = tab->host[j];
-    unsigned a = tab->allowed;
-    l.transport = hi == hj && (a & (1u << WEFT_LINK_SHM)) ? WEFT_LINK_SHM
-                  : (a & (1u << WEFT_LINK_VERBS))         ? WEFT_LINK_VERBS
-                                                          : WEFT_LINK_TCP;
+    l.transport = tab->pick[hi == hj];
     for (int k = 0; k < r->nhosts_rules; k++)
         if (r->hosts[k].s.transport >= 0 && rule_matches(&r->hosts[k], hi, hj))
             l.transport = r->hosts[k].s.transport;
@@ -403,6 +440,12 @@ static void print_ranks(const struct weft_link_table *tab, int h, FILE *f)
     }
 }
 
+/* A transport's letter in the matrix: '.' for the implicit ones (self). */
+static char mark(int t)
+{
+    return weft_transports[t]->flags & WEFT_TP_IMPLICIT ? '.' : weft_transports[t]->name[0];
+}
+
 struct link_class {
     struct weft_link l;
     long pairs;
@@ -414,12 +457,13 @@ void weft_topo_table_print(const struct weft_link_table *tab, FILE *f)
         fprintf(f, "link table: empty\n");
         return;
     }
-    fprintf(f, "link table: %d rank(s) on %d host(s); transports allowed:%s%s%s\n", tab->n,
-            tab->nhosts, tab->allowed & (1u << WEFT_LINK_SHM) ? " shm" : "",
-            tab->allowed & (1u << WEFT_LINK_TCP) ? " tcp" : "",
-            tab->allowed & (1u << WEFT_LINK_VERBS) ? " verbs" : "");
-    for (int t = 0; t < WEFT_LINK_NTRANSPORTS; t++) {
-        fprintf(f, "  %-8s %-4s  ", t == 0 ? "default" : "", weft_link_names_[t]);
+    fprintf(f, "link table: %d rank(s) on %d host(s); transports allowed:", tab->n, tab->nhosts);
+    for (int t = 0; weft_transports[t]; t++)
+        if (tab->allowed & (1u << t))
+            fprintf(f, " %s", weft_transports[t]->name);
+    fprintf(f, "\n");
+    for (int t = 0; weft_transports[t]; t++) {
+        fprintf(f, "  %-8s %-4s  ", t == 0 ? "default" : "", weft_transports[t]->name);
         print_cost(f, tab->alpha[t], tab->beta[t]);
         fprintf(f, "\n");
     }
@@ -435,8 +479,10 @@ void weft_topo_table_print(const struct weft_link_table *tab, FILE *f)
         fprintf(f, "           ... and %d more hosts\n", tab->nhosts - shown);
     struct weft_link l;
     if (tab->n <= 64 && tab->n > 1) {
-        fprintf(f, "  transport from row to column (. self, s shm, t tcp; upper case: cost from "
-                   "file or calibration)\n        ");
+        fprintf(f, "  transport from row to column (");
+        for (int t = 0; weft_transports[t]; t++)
+            fprintf(f, "%s%c %s", t ? ", " : "", mark(t), weft_transports[t]->name);
+        fprintf(f, "; upper case: cost from file or calibration)\n        ");
         for (int j = 0; j < tab->n; j++)
             fprintf(f, "%c", j % 10 == 0 ? '0' + (j / 10) % 10 : ' ');
         fprintf(f, "\n        ");
@@ -447,7 +493,7 @@ void weft_topo_table_print(const struct weft_link_table *tab, FILE *f)
             fprintf(f, "  %4d  ", i);
             for (int j = 0; j < tab->n; j++) {
                 weft_topo_table_get(tab, i, j, &l);
-                char ch = ".st"[l.transport];
+                char ch = mark(l.transport);
                 fprintf(f, "%c", l.source == WEFT_LINK_FROM_DEFAULT ? ch : ch - 'a' + 'A');
             }
             fprintf(f, "\n");
@@ -477,7 +523,7 @@ void weft_topo_table_print(const struct weft_link_table *tab, FILE *f)
         fprintf(f, "  links (pairs i < j%s):\n", upto < tab->n ? ", first 512 ranks" : "");
     static const char *const from[] = {"default", "measured", "file line"};
     for (int k = 0; k < ncls; k++) {
-        fprintf(f, "    %-4s  ", weft_link_names_[cls[k].l.transport]);
+        fprintf(f, "    %-4s  ", weft_transport_name(cls[k].l.transport));
         print_cost(f, cls[k].l.alpha, cls[k].l.beta);
         fprintf(f, "  %7ld pair(s)  %s", cls[k].pairs, from[cls[k].l.source]);
         if (cls[k].l.source == WEFT_LINK_FROM_FILE)

@@ -19,7 +19,6 @@
 #include "comm.h"
 #include "engine.h"
 #include "select/topo.h"
-#include "transports/transport.h"
 
 #define CAL_MAX_BYTES (256u << 10)
 
@@ -34,7 +33,7 @@ static const struct {
 /* What the pinger of edge (i, i+1) publishes; plain numbers, checked on use. */
 struct cal_result {
     double alpha, beta;
-    int32_t transport; /* enum weft_link_transport, or -1: not measured */
+    int32_t transport; /* index in weft_transports[], or -1: not measured */
     int32_t pad;
 };
 
@@ -137,9 +136,7 @@ static weft_status_t cal_edge(struct weft_comm *comm, int peer, bool pinger, cha
                       done ? "; it keeps the defaults" : "; again");
         if (done) {
             if (pinger && ok)
-                res->transport = comm->link_ops[peer] == &weft_shm_ops   ? WEFT_LINK_SHM
-                                 : comm->link_ops[peer] == &weft_tcp_ops ? WEFT_LINK_TCP
-                                                                         : WEFT_LINK_VERBS;
+                res->transport = comm->link_kind[peer];
             return WEFT_OK;
         }
     }
@@ -203,12 +200,14 @@ weft_status_t weft_comm_calibrate(struct weft_comm *comm, struct weft_cal *cal, 
     }
     WEFT_CHECK_GOTO(weft_bootstrap_allgather(comm->bs, &mine, all, sizeof(mine), deadline), st,
                     out);
-    double a[WEFT_LINK_NTRANSPORTS][64], b[WEFT_LINK_NTRANSPORTS][64];
-    int na[WEFT_LINK_NTRANSPORTS] = {0};
+    double a[WEFT_MAX_TRANSPORTS][64], b[WEFT_MAX_TRANSPORTS][64];
+    int na[WEFT_MAX_TRANSPORTS] = {0}, ntr = weft_transport_count();
     for (int e = 0; e < n; e++) {
         const struct cal_result *r = &all[e];
-        if (r->transport <= WEFT_LINK_SELF || r->transport >= WEFT_LINK_NTRANSPORTS ||
-            !isfinite(r->alpha) || !isfinite(r->beta) || r->alpha < 0 || r->beta < 0)
+        /* Peers' numbers: a kind that carries no edge is refused. */
+        if (r->transport < 0 || r->transport >= ntr ||
+            !weft_transport_reaches_others(r->transport) || !isfinite(r->alpha) ||
+            !isfinite(r->beta) || r->alpha < 0 || r->beta < 0)
             continue;
         cal->edges[cal->nedges++] = (struct weft_cal_edge){e, (e + 1) % n, r->transport, r->alpha,
                                                            r->beta};
@@ -218,14 +217,14 @@ weft_status_t weft_comm_calibrate(struct weft_comm *comm, struct weft_cal *cal, 
             b[t][na[t]++] = r->beta;
         }
     }
-    for (int t = 0; t < WEFT_LINK_NTRANSPORTS; t++) {
+    for (int t = 0; t < ntr; t++) {
         cal->have[t] = na[t] > 0;
         if (!cal->have[t])
             continue;
         cal->alpha[t] = median(a[t], na[t]);
         cal->beta[t] = median(b[t], na[t]);
         WEFT_INFO(WEFT_SUB_INIT, "rank %d: calibrated %s: alpha %.2f us, %.2f GB/s (%d links, %.1f ms)",
-                  rank, weft_link_transport_name(t), cal->alpha[t] * 1e6,
+                  rank, weft_transport_name(t), cal->alpha[t] * 1e6,
                   cal->beta[t] > 0 ? 1e-9 / cal->beta[t] : INFINITY, na[t],
                   (double)(weft_now_ns() - t0) / 1e6);
     }

@@ -14,8 +14,6 @@
 #include "algorithms/schedule.h"
 #include "plan.h"
 
-#define WEFT_MAX_TRANSPORTS 3
-
 struct weft_bootstrap;
 struct weft_engine;
 struct weft_transport_ops;
@@ -23,9 +21,10 @@ struct weft_reg;
 
 /*
  * Owner: the application (created by weft_comm_init*, freed by
- * weft_comm_destroy/abort).  Invariants: rank < nranks; conns[rank] is
- * NULL and every other conns[i] is a live transport connection; `error`
- * is WEFT_OK until the first fatal failure and never changes after that.
+ * weft_comm_destroy/abort).  Invariants: rank < nranks; every conns[i] is
+ * a live connection of link_ops[i]'s transport (conns[rank] the self
+ * transport's); `error` is WEFT_OK until the first fatal failure and
+ * never changes after that.
  */
 struct weft_comm {
     int rank, nranks;
@@ -39,19 +38,22 @@ struct weft_comm {
     _Atomic int deterministic;         /* WEFT_DETERMINISTIC / weft_comm_set_deterministic:
                                           reducing collectives run the ordered chain */
     struct weft_bootstrap *bs;
-    /* The transports this rank opened, in the order progress visits them
-     * (shm, verbs, tcp: the last one is where it sleeps; tcp always when
-     * verbs is open, its connections carry the queue pair exchange) and,
-     * per peer, the one that carries its bytes. */
+    /* The transports this rank uses, in the order progress visits them
+     * (by the registry's priority: self, shm, verbs, then the base one,
+     * tcp, where it sleeps and which is always open) and, per peer, the
+     * one that carries its bytes. */
     struct {
         const struct weft_transport_ops *ops;
         void *ctx;
+        int kind;                      /* index in weft_transports[] */
     } tp[WEFT_MAX_TRANSPORTS];
     int ntp;
-    bool verbs_off;                    /* some rank has no usable RDMA device */
+    unsigned tp_off;                   /* 1u << kind: WEFT_TP_ALL_RANKS transports some
+                                          rank could not open, so none uses them */
     struct weft_reg *regs;             /* weft_mem_register's, under regs_mu */
     pthread_mutex_t regs_mu;
-    const struct weft_transport_ops **link_ops; /* (nranks) NULL for self */
+    const struct weft_transport_ops **link_ops; /* (nranks) */
+    uint8_t *link_kind;                /* (nranks) link_ops[i]'s index in weft_transports[] */
     struct weft_link_table topo;       /* per-pair transport and cost */
     void **conns;                      /* (nranks) */
     uint8_t taddr[128];                /* our published tcp address */

@@ -95,7 +95,6 @@ static void fail_all(struct weft_engine *eng, weft_status_t st)
     }
     eng->active = eng->active_tail = NULL;
     eng->nactive = 0;
-    eng->selfq_n = 0;
     for (;;) {
         pthread_mutex_lock(&eng->mu);
         struct weft_op *op = eng->qhead;
@@ -178,57 +177,6 @@ static bool take_chunk(void *arg, size_t off, const void *data, size_t len)
     return true;
 }
 
-static weft_status_t selfq_push(struct weft_engine *eng, struct weft_op *op, uint32_t i)
-{
-    if (eng->selfq_n == eng->selfq_cap) {
-        size_t cap = eng->selfq_cap ? 2 * eng->selfq_cap : 16;
-        struct self_send *q = malloc(cap * sizeof(*q));
-        if (q == NULL)
-            return weft_error(weft_comm_err(eng->comm), WEFT_ERR_NO_MEMORY, "cannot queue a send to self");
-        for (size_t k = 0; k < eng->selfq_n; k++)
-            q[k] = eng->selfq[(eng->selfq_head + k) % eng->selfq_cap];
-        free(eng->selfq);
-        eng->selfq = q;
-        eng->selfq_head = 0;
-        eng->selfq_cap = cap;
-    }
-    eng->selfq[(eng->selfq_head + eng->selfq_n++) % eng->selfq_cap] = (struct self_send){op, i};
-    return WEFT_OK;
-}
-
-/* A send to self waits in selfq; a receive from self takes the oldest one
- * (WEFT_INPROGRESS when there is none yet) and completes both. */
-static weft_status_t post_self(struct weft_engine *eng, struct weft_op *op, uint32_t i)
-{
-    const struct weft_step *s = &op->s->steps[i];
-    if (s->kind == WEFT_STEP_SEND) {
-        WEFT_CHECK(selfq_push(eng, op, i));
-        op->st[i] = ST_POSTED;
-        return WEFT_OK;
-    }
-    if (eng->selfq_n == 0)
-        return WEFT_INPROGRESS;
-    struct self_send snd = eng->selfq[eng->selfq_head];
-    eng->selfq_head = (eng->selfq_head + 1) % eng->selfq_cap;
-    eng->selfq_n--;
-    const struct weft_step *ss = &snd.op->s->steps[snd.step];
-    size_t bytes = s->count * op->esize, sent = ss->count * snd.op->esize;
-    if (sent != bytes)
-        return weft_error(weft_comm_err(eng->comm), WEFT_ERR_INVALID_ARG,
-                          "rank %d: a send to self of %zu bytes met a receive of %zu bytes",
-                          eng->comm->rank, sent, bytes);
-    const char *src = step_ptr(snd.op, ss->buf, ss->off);
-    if (s->kind == WEFT_STEP_RECV_REDUCE)
-        combine(eng, op, s, 0, s->count, src);
-    else
-        memcpy(step_ptr(op, s->buf, s->off), src, bytes);
-    snd.op->st[snd.step] = ST_DONE;
-    snd.op->ndone++;
-    op->st[i] = ST_DONE;
-    op->ndone++;
-    return WEFT_OK;
-}
-
 /* Posts every step that may go now.  Returns true if anything changed. */
 static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
 {
@@ -266,7 +214,7 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
                 if (*mark == gen)
                     continue; /* an earlier message to/from this peer is not posted yet */
             }
-            bool early = s->kind == WEFT_STEP_RECV_REDUCE && s->peer != comm->rank;
+            bool early = s->kind == WEFT_STEP_RECV_REDUCE;
             bool ready = early ? deps_posted(op, s) : deps_done(op, s);
             if (!ready || (early && eng->nfree_slots <= keep)) {
                 if (mark)
@@ -275,19 +223,8 @@ static weft_status_t post_ready(struct weft_engine *eng, bool *changed)
             }
             size_t bytes = s->count * op->esize;
             weft_status_t st = WEFT_OK;
-            if (s->peer == comm->rank) {
-                /* A message to ourselves never touches the transport. */
-                st = post_self(eng, op, (uint32_t)i);
-                if (st == WEFT_INPROGRESS) {
-                    *mark = gen;
-                    continue;
-                }
-                if (st != WEFT_OK)
-                    return st;
-                *changed = true;
-                continue;
-            }
-            /* A COPY step has no peer. */
+            /* A COPY step has no peer; a message to this rank goes over
+             * the self transport like any other. */
             const struct weft_transport_ops *t =
                 s->kind == WEFT_STEP_COPY ? NULL : comm->link_ops[s->peer];
             void *conn = s->kind == WEFT_STEP_COPY ? NULL : comm->conns[s->peer];

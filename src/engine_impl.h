@@ -39,12 +39,6 @@ enum op_kind { OP_USER = 0, OP_CHECK, OP_TUNE, OP_SYNC };
 
 struct weft_tune_measure;
 
-/* A posted send to our own rank, waiting for our matching receive. */
-struct self_send {
-    struct weft_op *op;
-    uint32_t step;
-};
-
 /* A scratch buffer, kept for the communicator's life once touched. */
 struct scratch {
     void *p;
@@ -148,8 +142,6 @@ struct weft_engine {
      * when it was none), to tell whether a trial followed the one before. */
     const struct weft_tune_measure *last_tm;
     int last_trial;
-    struct self_send *selfq;         /* sends to ourselves not yet received */
-    size_t selfq_head, selfq_n, selfq_cap;
 
     struct sched_entry cache[SCHED_CACHE];   /* (mu) */
     uint64_t cache_clock;

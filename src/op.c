@@ -122,7 +122,6 @@ void weft_engine_destroy(struct weft_engine *eng)
     weft_buf_free(eng->staging, (size_t)eng->nslots * eng->chunk_bytes);
     free(eng->stamp);
     free(eng->free_slots);
-    free(eng->selfq);
     pthread_cond_destroy(&eng->cv);
     pthread_mutex_destroy(&eng->mu);
     free(eng);

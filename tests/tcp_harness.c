@@ -29,6 +29,12 @@
 
 #include "src/comm.h"
 #include "tests/tcp_harness.h"
+#include "transports/registry.h"
+#include "transports/shm/shm.h"
+#include "transports/tcp/tcp.h"
+#ifdef HAVE_VERBS
+#include "transports/verbs/verbs.h"
+#endif
 
 int g_rank = -1;
 
@@ -100,7 +106,7 @@ static weft_status_t verbs_connect(struct rank_env *e, int peer, const void *add
     weft_status_t st = weft_tcp_ops.connect(e->oob, peer, p + 1, p[0], &oob);
     if (st != WEFT_OK)
         return st;
-    weft_verbs_bind_oob(e->ctx, peer, oob);
+    weft_verbs_desc.bind_oob(e->ctx, peer, oob);
     return weft_verbs_ops.connect(e->ctx, peer, p + 1 + p[0], addrlen - 1 - p[0], conn);
 }
 

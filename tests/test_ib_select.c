@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "transports/registry.h"
 #include "transports/verbs/ib_select.h"
 
 #ifndef SYSFS_FIXTURES
@@ -522,6 +523,7 @@ static void clear_ib_env(void)
                            "WEFT_IB_CM", "WEFT_IB_SYSFS"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         unsetenv(names[i]);
+    weft_transport_register_params(); /* the WEFT_IB_* table is the verbs transport's */
     weft_param_reload();
 }
 

@@ -16,6 +16,10 @@
 #include "testcommon.h"
 #include "testutil.h"
 
+/* The built-in transports' link kinds, found by name as any caller would. */
+#define SHM weft_transport_find("shm")
+#define TCP weft_transport_find("tcp")
+
 /* A uniform network: every link costs the same. */
 struct uniform {
     double alpha, beta;
@@ -452,11 +456,11 @@ Test(sim, link_table_model)
     const char *hosts[8] = {"a", "a", "a", "a", "b", "b", "b", "b"};
     struct weft_link_table tab;
     char err[256];
-    cr_assert_eq(weft_topo_table_init(&tab, 8, hosts, 1u << WEFT_LINK_SHM | 1u << WEFT_LINK_TCP,
+    cr_assert_eq(weft_topo_table_init(&tab, 8, hosts, 1u << SHM | 1u << TCP,
                                       err, sizeof(err)),
                  WEFT_OK, "%s", err);
-    cr_assert_eq(weft_topo_table_set_default(&tab, WEFT_LINK_SHM, 0.7e-6, 1 / 9e9), WEFT_OK);
-    cr_assert_eq(weft_topo_table_set_default(&tab, WEFT_LINK_TCP, 6e-6, 1 / 2.5e9), WEFT_OK);
+    cr_assert_eq(weft_topo_table_set_default(&tab, SHM, 0.7e-6, 1 / 9e9), WEFT_OK);
+    cr_assert_eq(weft_topo_table_set_default(&tab, TCP, 6e-6, 1 / 2.5e9), WEFT_OK);
     struct weft_sim_cluster cl = {.ppn = 4, .intra_alpha = 0.7e-6, .intra_beta = 1 / 9e9,
                                   .inter_alpha = 6e-6, .inter_beta = 1 / 2.5e9};
     struct weft_sim_model mt = uniform_model(), mc = uniform_model();

@@ -1,7 +1,7 @@
 /*
  * test_topo.c - the host probe (this machine, fixture /sys trees, missing
- * and garbled files), the link table's defaults per host layout and
- * WEFT_TRANSPORT, the topology file (good, each kind of bad line, random
+ * and garbled files), the transport registry, the link table's defaults
+ * per host layout and WEFT_TRANSPORT, the topology file (good, each kind of bad line, random
  * bytes) and the alpha-beta fit.
  */
 #include <criterion/criterion.h>
@@ -16,8 +16,14 @@
 #include "testutil.h"
 #include "select/topo.h"
 
+/* The built-in transports' link kinds, found by name as any caller would. */
+#define SELF weft_transport_find("self")
+#define SHM weft_transport_find("shm")
+#define TCP weft_transport_find("tcp")
+#define VERBS weft_transport_find("verbs")
+
 /* The tables these tests model join hosts with tcp (verbs has its own rows). */
-#define SHM_TCP ((1u << WEFT_LINK_SHM) | (1u << WEFT_LINK_TCP))
+#define SHM_TCP ((1u << SHM) | (1u << TCP))
 
 /* ---- fixture trees --------------------------------------------------------- */
 
@@ -419,6 +425,35 @@ static bool close_to(double a, double b)
     return fabs(a - b) <= 1e-9 * fabs(b) + 1e-300;
 }
 
+/* What generic code relies on: one base transport, last in progress order
+ * (progress sleeps in it), reaching every other rank; unique names;
+ * distinct priorities; a default cost; settings named WEFT_*. */
+Test(registry, descriptors_are_consistent)
+{
+    int order[WEFT_MAX_TRANSPORTS], n = weft_transport_by_priority(order), bases = 0;
+    cr_assert(n == weft_transport_count() && n >= 1 && n <= WEFT_MAX_TRANSPORTS);
+    cr_assert_null(weft_transports[n]);
+    for (int t = 0; t < n; t++) {
+        const struct weft_transport_desc *d = weft_transports[t];
+        cr_assert(d->name && d->can_reach, "transport %d", t);
+        cr_assert_eq(weft_transport_find(d->name), t, "%s is named twice", d->name);
+        cr_assert(d->alpha >= 0 && d->beta > 0 && isfinite(d->alpha), "%s", d->name);
+        for (size_t i = 0; i < d->nparams; i++)
+            cr_assert(strncmp(d->params[i].name, "WEFT_", 5) == 0, "%s", d->params[i].name);
+        bases += (d->flags & WEFT_TP_BASE) != 0;
+        if (t > 0)
+            cr_assert_lt(weft_transports[order[t - 1]]->priority,
+                         weft_transports[order[t]]->priority, "priorities must differ");
+    }
+    cr_assert_eq(bases, 1);
+    const struct weft_transport_desc *base = weft_transports[weft_transport_base()];
+    const struct weft_transport_pair here = {.same_host = true}, there = {.same_host = false};
+    cr_assert_eq(order[n - 1], weft_transport_base(), "the base transport must come last");
+    cr_assert(base->ops && base->can_reach(&here) && base->can_reach(&there));
+    cr_assert_eq(weft_transport_find("no-such"), -1);
+    cr_assert_str_eq(weft_transport_name(n), "?");
+}
+
 Test(table, one_host)
 {
     struct weft_link_table tab;
@@ -429,10 +464,10 @@ Test(table, one_host)
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++) {
             struct weft_link l = get(&tab, i, j);
-            cr_assert_eq(l.transport, i == j ? WEFT_LINK_SELF : WEFT_LINK_SHM);
+            cr_assert_eq(l.transport, i == j ? SELF : SHM);
             cr_assert_eq(l.source, WEFT_LINK_FROM_DEFAULT);
-            cr_assert(close_to(l.alpha, i == j ? WEFT_LINK_SELF_ALPHA : WEFT_LINK_SHM_ALPHA));
-            cr_assert(close_to(l.beta, i == j ? WEFT_LINK_SELF_BETA : WEFT_LINK_SHM_BETA));
+            cr_assert(close_to(l.alpha, i == j ? weft_transports[SELF]->alpha : weft_transports[SHM]->alpha));
+            cr_assert(close_to(l.beta, i == j ? weft_transports[SELF]->beta : weft_transports[SHM]->beta));
         }
     struct weft_link l;
     cr_assert_eq(weft_topo_table_get(&tab, 0, 4, &l), WEFT_ERR_INVALID_ARG);
@@ -455,13 +490,13 @@ Test(table, host_layouts)
     cr_assert_eq(tab.host[2], 0);
     cr_assert_eq(tab.host[4], 2);
     cr_assert_str_eq(tab.hostid[1], "b");
-    cr_assert_eq(get(&tab, 0, 2).transport, WEFT_LINK_SHM);
-    cr_assert_eq(get(&tab, 1, 3).transport, WEFT_LINK_SHM);
-    cr_assert_eq(get(&tab, 0, 1).transport, WEFT_LINK_TCP);
-    cr_assert_eq(get(&tab, 3, 4).transport, WEFT_LINK_TCP);
-    cr_assert(close_to(get(&tab, 0, 1).alpha, WEFT_LINK_TCP_ALPHA));
-    cr_assert(close_to(get(&tab, 0, 1).beta, WEFT_LINK_TCP_BETA));
-    cr_assert_eq(get(&tab, 4, 4).transport, WEFT_LINK_SELF);
+    cr_assert_eq(get(&tab, 0, 2).transport, SHM);
+    cr_assert_eq(get(&tab, 1, 3).transport, SHM);
+    cr_assert_eq(get(&tab, 0, 1).transport, TCP);
+    cr_assert_eq(get(&tab, 3, 4).transport, TCP);
+    cr_assert(close_to(get(&tab, 0, 1).alpha, weft_transports[TCP]->alpha));
+    cr_assert(close_to(get(&tab, 0, 1).beta, weft_transports[TCP]->beta));
+    cr_assert_eq(get(&tab, 4, 4).transport, SELF);
     weft_topo_table_fini(&tab);
 
     /* One rank per host: everything over tcp. */
@@ -470,7 +505,7 @@ Test(table, host_layouts)
                  WEFT_OK);
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 3; j++)
-            cr_assert_eq(get(&tab, i, j).transport, i == j ? WEFT_LINK_SELF : WEFT_LINK_TCP);
+            cr_assert_eq(get(&tab, i, j).transport, i == j ? SELF : TCP);
     weft_topo_table_fini(&tab);
 }
 
@@ -488,15 +523,15 @@ Test(table, many_ranks_stay_small, .timeout = 30)
     cr_assert_eq(weft_topo_table_init(&tab, N, ids, SHM_TCP, err, sizeof(err)),
                  WEFT_OK);
     cr_assert_eq(tab.nhosts, H);
-    cr_assert_eq(get(&tab, 0, 99).transport, WEFT_LINK_SHM);
-    cr_assert_eq(get(&tab, 0, 100).transport, WEFT_LINK_TCP);
-    cr_assert_eq(get(&tab, 9999, 9900).transport, WEFT_LINK_SHM);
+    cr_assert_eq(get(&tab, 0, 99).transport, SHM);
+    cr_assert_eq(get(&tab, 0, 100).transport, TCP);
+    cr_assert_eq(get(&tab, 9999, 9900).transport, SHM);
     const char *file = "hosts node00* node09* alpha_us=99\npair 0 9999 gbit=1\n";
     cr_assert_eq(weft_topo_table_parse(&tab, file, strlen(file), "t", err, sizeof(err)), WEFT_OK,
                  "%s", err);
     cr_assert(close_to(get(&tab, 5, 9500).alpha, 99e-6));
     cr_assert(close_to(get(&tab, 0, 9999).beta, 8e-9));
-    cr_assert(close_to(get(&tab, 5, 100).alpha, WEFT_LINK_TCP_ALPHA));
+    cr_assert(close_to(get(&tab, 5, 100).alpha, weft_transports[TCP]->alpha));
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
@@ -517,31 +552,31 @@ Test(table, weft_transport)
     const char *tcp_only[] = {"tcp", "^shm,verbs", "TCP"};
     for (size_t k = 0; k < WEFT_ARRAY_SIZE(tcp_only); k++) {
         cr_assert_eq(weft_topo_parse_transports(tcp_only[k], &allowed, err, sizeof(err)), WEFT_OK);
-        cr_assert_eq(allowed, 1u << WEFT_LINK_TCP);
+        cr_assert_eq(allowed, 1u << TCP);
         cr_assert_eq(weft_topo_table_init(&tab, 4, two, allowed, err, sizeof(err)), WEFT_OK);
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < 4; j++)
-                cr_assert_eq(get(&tab, i, j).transport, i == j ? WEFT_LINK_SELF : WEFT_LINK_TCP);
+                cr_assert_eq(get(&tab, i, j).transport, i == j ? SELF : TCP);
         weft_topo_table_fini(&tab);
     }
     cr_assert_eq(weft_topo_parse_transports("", &allowed, err, sizeof(err)), WEFT_OK);
-    cr_assert_eq(allowed, WEFT_LINK_ALLOW_ALL);
+    cr_assert_eq(allowed, weft_transport_choosable());
     cr_assert_eq(weft_topo_parse_transports("shm,tcp", &allowed, err, sizeof(err)), WEFT_OK);
     cr_assert_eq(allowed, SHM_TCP);
     /* With verbs allowed, pairs across hosts take it; one host keeps shm. */
     cr_assert_eq(weft_topo_parse_transports("shm,verbs", &allowed, err, sizeof(err)), WEFT_OK);
     cr_assert_eq(weft_topo_table_init(&tab, 4, two, allowed, err, sizeof(err)), WEFT_OK);
-    cr_assert_eq(get(&tab, 0, 1).transport, WEFT_LINK_SHM);
-    cr_assert_eq(get(&tab, 0, 2).transport, WEFT_LINK_VERBS);
+    cr_assert_eq(get(&tab, 0, 1).transport, SHM);
+    cr_assert_eq(get(&tab, 0, 2).transport, VERBS);
     weft_topo_table_fini(&tab);
     cr_assert_eq(weft_topo_parse_transports("verbs", &allowed, err, sizeof(err)), WEFT_OK);
     cr_assert_eq(weft_topo_table_init(&tab, 4, two, allowed, err, sizeof(err)), WEFT_OK);
-    cr_assert_eq(get(&tab, 0, 1).transport, WEFT_LINK_VERBS);
+    cr_assert_eq(get(&tab, 0, 1).transport, VERBS);
     weft_topo_table_fini(&tab);
     /* shm alone works on one host and is refused across hosts. */
     cr_assert_eq(weft_topo_parse_transports("shm", &allowed, err, sizeof(err)), WEFT_OK);
     cr_assert_eq(weft_topo_table_init(&tab, 2, two, allowed, err, sizeof(err)), WEFT_OK);
-    cr_assert_eq(get(&tab, 0, 1).transport, WEFT_LINK_SHM);
+    cr_assert_eq(get(&tab, 0, 1).transport, SHM);
     weft_topo_table_fini(&tab);
     cr_assert_eq(weft_topo_table_init(&tab, 4, two, allowed, err, sizeof(err)),
                  WEFT_ERR_INVALID_ARG);
@@ -571,7 +606,7 @@ Test(table, bad_init)
     weft_topo_table_fini(&tab);
     /* Hostile host ids are quoted, not printed raw. */
     const char *odd[] = {"a\x01\xff", "b"};
-    cr_assert_eq(weft_topo_table_init(&tab, 2, odd, 1u << WEFT_LINK_SHM, err, sizeof(err)),
+    cr_assert_eq(weft_topo_table_init(&tab, 2, odd, 1u << SHM, err, sizeof(err)),
                  WEFT_ERR_INVALID_ARG);
     cr_assert(strstr(err, "a\\x01\\xff"), "%s", err);
 }
@@ -587,7 +622,7 @@ Test(table, measured)
     cr_assert_eq(weft_topo_table_set_measured(&tab, 0, 2, 30e-6, 1e-9), WEFT_OK);
     struct weft_link l = get(&tab, 0, 1);
     cr_assert_eq(l.source, WEFT_LINK_FROM_MEASURED);
-    cr_assert_eq(l.transport, WEFT_LINK_SHM);
+    cr_assert_eq(l.transport, SHM);
     cr_assert(close_to(l.alpha, 2e-6) && close_to(l.beta, 1e-10));
     cr_assert(close_to(get(&tab, 2, 0).alpha, 30e-6));
     /* Bad measurements change nothing. */
@@ -608,14 +643,14 @@ Test(table, measured)
     const char *f2 = "pair 0 1 tcp\n";
     cr_assert_eq(weft_topo_table_parse(&tab, f2, strlen(f2), "f2", err, sizeof(err)), WEFT_OK);
     l = get(&tab, 0, 1);
-    cr_assert_eq(l.transport, WEFT_LINK_TCP);
-    cr_assert(close_to(l.alpha, WEFT_LINK_TCP_ALPHA) && close_to(l.beta, WEFT_LINK_TCP_BETA));
+    cr_assert_eq(l.transport, TCP);
+    cr_assert(close_to(l.alpha, weft_transports[TCP]->alpha) && close_to(l.beta, weft_transports[TCP]->beta));
     cr_assert_eq(l.source, WEFT_LINK_FROM_DEFAULT);
     /* Defaults can be replaced (say from the NIC's speed). */
-    cr_assert_eq(weft_topo_table_set_default(&tab, WEFT_LINK_TCP, 5e-6, 1e-9), WEFT_OK);
+    cr_assert_eq(weft_topo_table_set_default(&tab, TCP, 5e-6, 1e-9), WEFT_OK);
     cr_assert(close_to(get(&tab, 0, 1).alpha, 5e-6));
     cr_assert_eq(weft_topo_table_set_default(&tab, 7, 5e-6, 1e-9), WEFT_ERR_INVALID_ARG);
-    cr_assert_eq(weft_topo_table_set_default(&tab, WEFT_LINK_TCP, NAN, 1e-9), WEFT_ERR_INVALID_ARG);
+    cr_assert_eq(weft_topo_table_set_default(&tab, TCP, NAN, 1e-9), WEFT_ERR_INVALID_ARG);
     weft_topo_table_fini(&tab);
 }
 
@@ -648,14 +683,14 @@ Test(file, good_file_applies)
         weft_topo_table_parse(&tab, good_file, strlen(good_file), "good", err, sizeof(err)),
         WEFT_OK, "%s", err);
     struct weft_link l = get(&tab, 0, 1);
-    cr_assert_eq(l.transport, WEFT_LINK_SHM);
+    cr_assert_eq(l.transport, SHM);
     cr_assert(close_to(l.alpha, 1.5e-6) && close_to(l.beta, 1e-10));
     cr_assert_eq(l.source, WEFT_LINK_FROM_DEFAULT);
     l = get(&tab, 1, 2); /* forced tcp on one host */
-    cr_assert_eq(l.transport, WEFT_LINK_TCP);
+    cr_assert_eq(l.transport, TCP);
     cr_assert(close_to(l.alpha, 25e-6) && close_to(l.beta, 8 / 12e9));
     l = get(&tab, 0, 4);
-    cr_assert_eq(l.transport, WEFT_LINK_TCP);
+    cr_assert_eq(l.transport, TCP);
     cr_assert(close_to(l.alpha, 40e-6) && close_to(l.beta, 8 / 10e9));
     cr_assert_eq(l.source, WEFT_LINK_FROM_FILE);
     cr_assert_eq(l.line, 5);
@@ -663,12 +698,12 @@ Test(file, good_file_applies)
     cr_assert(close_to(l.alpha, 200e-6) && close_to(l.beta, 8e-9));
     cr_assert_eq(l.line, 6);
     l = get(&tab, 4, 5);
-    cr_assert_eq(l.transport, WEFT_LINK_SHM);
+    cr_assert_eq(l.transport, SHM);
     cr_assert(close_to(l.alpha, 3e-6) && close_to(l.beta, 2e-9), "%g %g", l.alpha, l.beta);
     l = get(&tab, 3, 4);
     cr_assert(close_to(l.alpha, 3e-6) && close_to(l.beta, 1e-10));
     cr_assert_eq(l.line, 9);
-    cr_assert_eq(get(&tab, 2, 2).transport, WEFT_LINK_SELF);
+    cr_assert_eq(get(&tab, 2, 2).transport, SELF);
 
     char *buf = NULL;
     size_t len = 0;
@@ -712,7 +747,7 @@ Test(file, patterns)
     cr_assert(close_to(get(&tab, 3, 1).alpha, 40e-6));
     cr_assert(close_to(get(&tab, 2, 3).alpha, 7e-6));
     cr_assert(close_to(get(&tab, 0, 1).alpha, 40e-6) == false);
-    cr_assert(close_to(get(&tab, 0, 4).alpha, WEFT_LINK_TCP_ALPHA));
+    cr_assert(close_to(get(&tab, 0, 4).alpha, weft_transports[TCP]->alpha));
     weft_topo_table_fini(&tab);
 
     /* A pathological pattern against long host ids answers at once. */
@@ -805,8 +840,8 @@ Test(file, each_bad_line_names_line_and_token)
         cr_assert(strstr(err, cases[k].want), "case %zu: wanted \"%s\" in: %s", k, cases[k].want,
                   err);
         /* Nothing applied: not line 2's default, not line 4's pair. */
-        cr_assert(close_to(tab.alpha[WEFT_LINK_TCP], WEFT_LINK_TCP_ALPHA), "case %zu", k);
-        cr_assert_eq(get(&tab, 0, 1).transport, WEFT_LINK_SHM);
+        cr_assert(close_to(tab.alpha[TCP], weft_transports[TCP]->alpha), "case %zu", k);
+        cr_assert_eq(get(&tab, 0, 1).transport, SHM);
         free(text);
         weft_topo_table_fini(&tab);
     }
@@ -816,7 +851,7 @@ Test(file, transport_excluded_and_limits)
 {
     struct weft_link_table tab;
     char err[256];
-    six_ranks(&tab, 1u << WEFT_LINK_TCP);
+    six_ranks(&tab, 1u << TCP);
     const char *shm = "pair 0 1 shm\n";
     cr_assert_eq(weft_topo_table_parse(&tab, shm, strlen(shm), "x", err, sizeof(err)),
                  WEFT_ERR_INVALID_ARG);
@@ -875,9 +910,9 @@ static void check_links(const struct weft_link_table *tab)
         for (int j = 0; j < tab->n; j++) {
             struct weft_link l;
             cr_assert_eq(weft_topo_table_get(tab, i, j, &l), WEFT_OK);
-            cr_assert(l.transport >= 0 && l.transport < WEFT_LINK_NTRANSPORTS);
-            cr_assert((i == j) == (l.transport == WEFT_LINK_SELF));
-            cr_assert(tab->host[i] == tab->host[j] || l.transport == WEFT_LINK_TCP);
+            cr_assert(l.transport >= 0 && l.transport < weft_transport_count());
+            cr_assert((i == j) == (l.transport == SELF));
+            cr_assert(tab->host[i] == tab->host[j] || l.transport == TCP);
             cr_assert(isfinite(l.alpha) && l.alpha >= 0 && isfinite(l.beta) && l.beta >= 0);
         }
 }

@@ -23,6 +23,7 @@
 #include "src/comm.h"
 #include "select/topo.h"
 #include "tests/tcp_harness.h"
+#include "transports/registry.h"
 #include "transports/shm/shm.h"
 #include "transports/transport.h"
 
@@ -53,6 +54,23 @@ TRANSPORT_SUITE(shm)
 #ifdef HAVE_VERBS
 TRANSPORT_SUITE(verbs)
 #endif
+
+/* A transport registered and built, between ranks (self only carries a
+ * rank's messages to itself), must have its row in the harness's table and
+ * so its suite above: a new one fails here until it does. */
+Test(transport, every_registered_transport_has_a_suite)
+{
+    for (int t = 0; weft_transports[t]; t++) {
+        const struct weft_transport_desc *d = weft_transports[t];
+        if (d->ops == NULL || (d->flags & WEFT_TP_IMPLICIT))
+            continue;
+        bool found = false;
+        for (size_t i = 0; i < weft_test_ntransports; i++)
+            found |= strcmp(weft_test_transports[i].name, d->name) == 0 &&
+                     weft_test_transports[i].ops == d->ops;
+        cr_expect(found, "transport %s has no row in weft_test_transports", d->name);
+    }
+}
 
 /* ---- which transport carries each pair ------------------------------------------- */
 
@@ -189,13 +207,13 @@ static int check_table(weft_comm_t comm, int rank, int nranks, void *arg)
                 return weft_test_fail(rank, "pair 0-1: alpha %g, the file says 7 us", l.alpha);
         }
     }
-    double shm_default = tab->alpha[WEFT_LINK_SHM];
+    double shm_default = tab->alpha[weft_transport_find("shm")];
     if (x->file && shm_default != 3e-6)
         return weft_test_fail(rank, "shm default alpha %g; the file's default (3 us) must win",
                               shm_default);
-    if (!x->file && (shm_default != WEFT_LINK_SHM_ALPHA) != x->calibrated)
+    if (!x->file && (shm_default != weft_shm_desc.alpha) != x->calibrated)
         return weft_test_fail(rank, "shm default alpha %g (built-in %g), calibrated %d",
-                              shm_default, WEFT_LINK_SHM_ALPHA, x->calibrated);
+                              shm_default, weft_shm_desc.alpha, x->calibrated);
     /* Rings only for this host's ranks: with 2 "hosts", one peer each. */
     const char *hosts = getenv("WEFT_TEST_HOSTS");
     int want_group = hosts ? nranks / atoi(hosts) : nranks;

@@ -13,6 +13,10 @@
 #include "select/topo.h"
 #include "select/tune.h"
 
+/* The built-in transports' link kinds, found by name as any caller would. */
+#define SHM weft_transport_find("shm")
+#define TCP weft_transport_find("tcp")
+
 #define ALL WEFT_PLAN_ALL
 #define FAM(a) WEFT_PLAN_FAMILY(WEFT_ALGO_##a)
 
@@ -144,7 +148,7 @@ static int ranking(int n, const char *const *hosts, unsigned mask, int coll, siz
 {
     struct weft_link_table tab;
     char err[256];
-    cr_assert_eq(weft_topo_table_init(&tab, n, hosts, 1u << WEFT_LINK_SHM | 1u << WEFT_LINK_TCP,
+    cr_assert_eq(weft_topo_table_init(&tab, n, hosts, 1u << SHM | 1u << TCP,
                                       err, sizeof(err)),
                  WEFT_OK, "%s", err);
     struct weft_tune_in in = {.nranks = n, .links = &tab, .chunk_bytes = 512 * 1024,

@@ -36,29 +36,30 @@
 #include "config.h"
 #include "algorithms/schedule.h"
 #include "src/comm.h"
-#include "transports/transport.h"
+#include "transports/registry.h"
 #include "base/internal.h"
 #include "base/sock.h"
 #include "select/topo.h"
 #include "select/tune.h"
 
+/* Every table: the core one, then each transport's in registry order. */
 static void params(bool markdown)
 {
     size_t n;
-    const struct weft_param_desc *t = weft_param_table(&n);
-    if (markdown) {
+    const struct weft_param_desc *t;
+    if (markdown)
         printf("| variable | default | meaning |\n|---|---|---|\n");
-        for (size_t i = 0; i < n; i++)
+    for (size_t k = 0; (t = weft_param_table(k, &n)) != NULL; k++) {
+        for (size_t i = 0; i < n && markdown; i++)
             printf("| `%s`%s%s%s | %s%s%s | %s |\n", t[i].name, t[i].alias ? " (`" : "",
                    t[i].alias ? t[i].alias : "", t[i].alias ? "`)" : "", *t[i].dflt ? "`" : "",
                    *t[i].dflt ? t[i].dflt : "(unset)", *t[i].dflt ? "`" : "", t[i].doc);
-        return;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const char *src = weft_param_source(t[i].name);
-        const char *env = src ? getenv(src) : NULL;
-        printf("%-22s default %-10s now %-10s %s\n", t[i].name, *t[i].dflt ? t[i].dflt : "\"\"",
-               env ? env : "(default)", t[i].doc);
+        for (size_t i = 0; i < n && !markdown; i++) {
+            const char *src = weft_param_source(t[i].name);
+            const char *env = src ? getenv(src) : NULL;
+            printf("%-22s default %-10s now %-10s %s\n", t[i].name,
+                   *t[i].dflt ? t[i].dflt : "\"\"", env ? env : "(default)", t[i].doc);
+        }
     }
 }
 
@@ -102,9 +103,12 @@ static int host_table(long n, long k, struct weft_link_table *tab)
     const char *spec = getenv("WEFT_TRANSPORT"), *file = getenv("WEFT_TOPO_FILE");
     bool ok = weft_topo_parse_transports(spec ? spec : "", &allowed, err, sizeof(err)) == WEFT_OK;
     /* Hosts joined by tcp, unless WEFT_TRANSPORT names verbs: whether a
-     * real job gets verbs depends on devices this model does not see. */
-    if (!(spec && strstr(spec, "verbs") && spec[0] != '^'))
-        allowed &= ~(1u << WEFT_LINK_VERBS);
+     * real job gets a WEFT_TP_ALL_RANKS transport depends on devices this
+     * model does not see. */
+    for (int t = 0; weft_transports[t]; t++)
+        if ((weft_transports[t]->flags & WEFT_TP_ALL_RANKS) &&
+            !(spec && strstr(spec, weft_transports[t]->name) && spec[0] != '^'))
+            allowed &= ~(1u << t);
     if (!ok ||
         weft_topo_table_init(tab, (int)n, (const char *const *)ids, allowed, err, sizeof(err)) !=
             WEFT_OK) {
@@ -239,14 +243,14 @@ static int tune(int argc, char **argv)
     struct weft_link_table tab;
     if (host_table(n, nodes, &tab))
         return 1;
+    /* The model's two link kinds: shm inside a node, tcp between nodes. */
+    int shm = weft_transport_find("shm"), tcp = weft_transport_find("tcp");
     if (a_in >= 0 || g_in > 0)
-        weft_topo_table_set_default(&tab, WEFT_LINK_SHM,
-                                    a_in >= 0 ? a_in * 1e-6 : tab.alpha[WEFT_LINK_SHM],
-                                    g_in > 0 ? 1e-9 / g_in : tab.beta[WEFT_LINK_SHM]);
+        weft_topo_table_set_default(&tab, shm, a_in >= 0 ? a_in * 1e-6 : tab.alpha[shm],
+                                    g_in > 0 ? 1e-9 / g_in : tab.beta[shm]);
     if (a_out >= 0 || g_out > 0)
-        weft_topo_table_set_default(&tab, WEFT_LINK_TCP,
-                                    a_out >= 0 ? a_out * 1e-6 : tab.alpha[WEFT_LINK_TCP],
-                                    g_out > 0 ? 1e-9 / g_out : tab.beta[WEFT_LINK_TCP]);
+        weft_topo_table_set_default(&tab, tcp, a_out >= 0 ? a_out * 1e-6 : tab.alpha[tcp],
+                                    g_out > 0 ? 1e-9 / g_out : tab.beta[tcp]);
     int *group = NULL, *group_cores = NULL;
     if (cores > 0) {
         group = calloc((size_t)n, sizeof(int));
@@ -278,10 +282,8 @@ static int tune(int argc, char **argv)
     printf("selection for %ld ranks on %ld node%s (%ld per node); links: inside a node %s "
            "alpha %.2f us %.2f GB/s, between nodes alpha %.2f us %.2f GB/s; chunk %.0f B; %s\n",
            n, nodes, nodes > 1 ? "s" : "", n / nodes,
-           weft_link_transport_name(tab.allowed & (1u << WEFT_LINK_SHM) ? WEFT_LINK_SHM
-                                                                          : WEFT_LINK_TCP),
-           tab.alpha[WEFT_LINK_SHM] * 1e6, 1e-9 / tab.beta[WEFT_LINK_SHM],
-           tab.alpha[WEFT_LINK_TCP] * 1e6, 1e-9 / tab.beta[WEFT_LINK_TCP], chunk, cores_text);
+           weft_transport_name(tab.allowed & (1u << shm) ? shm : tcp), tab.alpha[shm] * 1e6,
+           1e-9 / tab.beta[shm], tab.alpha[tcp] * 1e6, 1e-9 / tab.beta[tcp], chunk, cores_text);
     for (int coll = 0; coll < WEFT_COLL_SEND; coll++) {
         printf("\n%s (float32)\n%12s  %-18s %12s  %-18s %12s\n", weft_coll_name(coll), "bytes",
                "chosen", "predicted us", "runner-up", "its us");
@@ -334,62 +336,16 @@ static int job(void)
         for (int h = 0; h < comm->topo.nhosts; h++)
             printf("  host %d: %s\n", h, comm->topo.hostid[h]);
         for (int i = 0; i < comm->ntp; i++)
-            printf("  rank 0 uses %s\n", comm->tp[i].ops->name);
+            printf("  rank 0 uses %s\n", weft_transports[comm->tp[i].kind]->name);
         weft_topo_table_print(&comm->topo, stdout);
         fflush(stdout);
     }
     return weft_comm_destroy(comm) == WEFT_OK ? 0 : 1;
 }
 
-/* shm: a writable folder with room for one ring. */
-static void shm_status(void)
-{
-    const char *dir = getenv("WEFT_SHM_DIR");
-    if (dir == NULL || *dir == '\0')
-        dir = "/dev/shm";
-    int64_t need = weft_param_int("WEFT_SHM_SLOTS") * weft_param_int("WEFT_SHM_SLOT_BYTES");
-    struct statvfs v;
-    if (statvfs(dir, &v) != 0) {
-        printf("  shm   no: %s: %s (WEFT_SHM_DIR); ranks on one host use tcp\n", dir,
-               strerror(errno));
-        return;
-    }
-    if (access(dir, W_OK) != 0) {
-        printf("  shm   no: %s is not writable here; ranks on one host use tcp\n", dir);
-        return;
-    }
-    double free_mib = (double)v.f_bavail * (double)v.f_frsize / (1 << 20);
-    printf("  shm   yes: %s, %.0f MiB free (a ring to one peer takes %.1f MiB)", dir, free_mib,
-           (double)need / (1 << 20));
-    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
-    int scope = -1;
-    if (f) {
-        if (fscanf(f, "%d", &scope) != 1)
-            scope = -1;
-        fclose(f);
-    }
-    printf("; process_vm_readv %s\n",
-           scope >= 2 ? "refused by ptrace_scope >= 2 (the ring carries everything)"
-                      : "allowed (used from WEFT_SHM_CMA_MIN; off by default)");
-}
-
-/* verbs: what it would take. */
-static void verbs_status(int built)
-{
-    int ndev = 0;
-    DIR *d = opendir("/sys/class/infiniband");
-    if (d) {
-        for (struct dirent *e; (e = readdir(d)) != NULL;)
-            ndev += e->d_name[0] != '.';
-        closedir(d);
-    }
-    printf("  verbs no: weft has no verbs transport yet (libibverbs %s at configure; %d RDMA "
-           "device%s in /sys/class/infiniband)\n",
-           built ? "found" : "not found", ndev, ndev == 1 ? "" : "s");
-}
-
 int main(int argc, char **argv)
 {
+    weft_transport_register_params(); /* --params lists them; the status lines read them */
     if (argc > 1 && strcmp(argv[1], "--params") == 0) {
         params(false);
         return 0;
@@ -413,11 +369,6 @@ int main(int argc, char **argv)
                         "[--hosts K] | --tune -n N | --tune --nodes K --ppn M | --job (under weftrun)]\n");
         return 2;
     }
-#ifdef HAVE_VERBS
-    int verbs = 1;
-#else
-    int verbs = 0;
-#endif
 #ifdef HAVE_HWLOC
     int hwloc = 1;
 #else
@@ -430,15 +381,9 @@ int main(int argc, char **argv)
 #endif
     printf("weft %d.%d.%d\n", WEFT_VERSION_MAJOR, WEFT_VERSION_MINOR, WEFT_VERSION_PATCH);
     printf("transports:\n");
-    union weft_sockaddr a;
-    char ifname[64], buf[96];
-    if (weft_sock_pick_iface(NULL, &a, ifname, sizeof(ifname)) == WEFT_OK)
-        printf("  tcp   yes: weft_get_unique_id would listen on %s (%s)\n",
-               weft_sock_str(&a, buf, sizeof(buf)), ifname);
-    else
-        printf("  tcp   no: %s\n", weft_thread_last_error());
-    shm_status();
-    verbs_status(verbs);
+    for (int t = 0; weft_transports[t]; t++)
+        if (weft_transports[t]->status)
+            weft_transports[t]->status(stdout);
     printf("algorithms:");
     for (int i = 0; i < WEFT_ALGO_COUNT; i++)
         printf(" %s", weft_algo_name(i));

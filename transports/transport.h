@@ -1,8 +1,9 @@
 /*
- * transport.h - the one vtable every transport implements (tcp, shm,
- * verbs).  Shaped after NCCL's net plugin: a per-communicator context,
- * a connection per peer, non-blocking isend/irecv/test, optional memory
- * registration, and an explicit progress call.
+ * transport.h - the one vtable every transport implements, and the
+ * descriptor each declares for the registry (transports/registry.c).
+ * Shaped after NCCL's net plugin: a per-communicator context, a connection
+ * per peer, non-blocking isend/irecv/test, optional memory registration,
+ * and an explicit progress call.
  * Transports move bytes between pairs and know nothing about collectives.
  */
 #ifndef WEFT_TRANSPORT_H
@@ -10,8 +11,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
-#include "config.h" /* HAVE_VERBS */
+#include "config.h" /* HAVE_VERBS, HAVE_RDMACM: what configure built */
 #include "base/internal.h"
 #include "base/sock.h"
 
@@ -24,12 +26,12 @@ struct weft_transport_init {
     const uint8_t *secret;      /* WEFT_SECRET_BYTES, authenticates every connection */
     union weft_sockaddr local;  /* interface address to listen on (port 0) */
     uint64_t timeout_ns;        /* WEFT_TIMEOUT_MS: bound on connection setup */
-    /* shm: the ranks it may connect to, ascending, this rank included (the
-     * same list on each of them); NULL: every rank. */
+    /* The ranks the descriptor's can_reach accepts from this one, and this
+     * one, ascending (the same list on each of them); NULL: every rank. */
     const int *group;
     int ngroup;
-    /* verbs: the transport whose connections carry the queue pair
-     * exchange (tcp; each peer's conn given by weft_verbs_bind_oob). */
+    /* The base transport (WEFT_TP_BASE), whose connection to each peer a
+     * transport with a bind_oob hook may use for its own setup. */
     const struct weft_transport_ops *oob_ops;
     void *oob_ctx;
 };
@@ -48,14 +50,16 @@ typedef bool (*weft_take_fn)(void *arg, size_t off, const void *data, size_t len
 struct weft_transport_ops {
     const char *name;
     /* Opens the transport for one rank: starts listening, writes the
-     * address peers connect to (at most WEFT_TRANSPORT_ADDR_MAX bytes). */
+     * address peers connect to (at most WEFT_TRANSPORT_ADDR_MAX bytes; a
+     * transport that reaches no other rank publishes nothing). */
     weft_status_t (*init)(const struct weft_transport_init *args, void **ctx, void *addr,
                           size_t *addrlen);
     /* Binds peer's published address to a conn; the transport may connect
      * now or on first use. */
     weft_status_t (*connect)(void *ctx, int peer, const void *addr, size_t addrlen, void **conn);
     /* Optional: called once every rank of the communicator has connected to
-     * all its peers of this transport (after a barrier), e.g. to unlink
+     * all its peers of this transport (after a barrier, held when some rank
+     * published an address for a transport with this hook), e.g. to unlink
      * shared-memory names nobody needs any more. */
     weft_status_t (*ready)(void *ctx);
     /* Optional (NULL in tcp): memory handles for zero-copy transports. */
@@ -98,13 +102,60 @@ struct weft_transport_ops {
     void (*sleep_end)(void *ctx);
 };
 
-extern const struct weft_transport_ops weft_tcp_ops WEFT_HIDDEN;
-extern const struct weft_transport_ops weft_shm_ops WEFT_HIDDEN;
-#ifdef HAVE_VERBS
-extern const struct weft_transport_ops weft_verbs_ops WEFT_HIDDEN;
-/* Before connect(peer): the out-of-band (tcp) connection to that peer. */
-void weft_verbs_bind_oob(void *ctx, int peer, void *oob_conn) WEFT_HIDDEN;
-#endif
+/* What the link table knows of a pair of ranks; a transport's reach may
+ * depend on nothing else, so the table stays O(n) for n ranks. */
+struct weft_transport_pair {
+    bool self;      /* a rank with itself */
+    bool same_host; /* equal host identities (WEFT_HOSTID, else hostname + boot id) */
+};
 
+/* Descriptor flags. */
+enum {
+    /* The transport every rank opens first, before the rendezvous: its
+     * address travels in the bootstrap record, it reaches every other
+     * rank, carries the pairs whose own transport did not open on both
+     * ends, lends its connections to bind_oob hooks, and progress sleeps
+     * in it.  Its address is a union weft_sockaddr (split and shrink
+     * listen on its host).  Exactly one transport has it (tcp). */
+    WEFT_TP_BASE = 1u << 0,
+    /* Used by no rank unless every rank opened it (verbs: whether a rank
+     * has a device is not known before the exchange, and tcp carries
+     * every pair as well). */
+    WEFT_TP_ALL_RANKS = 1u << 1,
+    /* Not the operator's choice: WEFT_TRANSPORT does not name it and the
+     * topology file cannot force it (self). */
+    WEFT_TP_IMPLICIT = 1u << 2,
+};
+
+/*
+ * What the registry knows of a transport.  Each transport defines one, in
+ * its folder, and transports/registry.c lists them; the index in that list
+ * is the transport's link kind everywhere (link table, calibration,
+ * topology file).  Plain constant data.
+ */
+struct weft_transport_desc {
+    const char *name;   /* WEFT_TRANSPORT, the topology file, logs */
+    unsigned flags;     /* WEFT_TP_* */
+    /* Lower first: the link table gives a pair the first allowed
+     * transport that reaches it, and progress visits transports in this
+     * order (the base one, where it sleeps, comes last). */
+    int priority;
+    bool (*can_reach)(const struct weft_transport_pair *pair);
+    double alpha;       /* default cost: seconds per message */
+    double beta;        /* seconds per byte */
+    /* Its settings (WEFT_<NAME>_*), or NULL.  weft-info lists them; a
+     * transport that reads them with weft_param_* registers them first
+     * (weft_param_register in its init), since tests call init directly. */
+    const struct weft_param_desc *params;
+    size_t nparams;
+    /* Optional: before connect(peer), the base transport's connection to
+     * that peer, for the transport's own setup (verbs' queue pair
+     * exchange).  init then gets oob_ops/oob_ctx. */
+    void (*bind_oob)(void *ctx, int peer, void *oob_conn);
+    /* Optional: weft-info's line on whether it can run on this host, and
+     * why not. */
+    void (*status)(FILE *out);
+    const struct weft_transport_ops *ops; /* NULL: not built (configure left it out) */
+};
 
 #endif /* WEFT_TRANSPORT_H */

@@ -18,6 +18,8 @@
 #include "select/topo.h"
 #include "select/tune.h"
 
+/* The built-in transports' link kinds, found by name as any caller would. */
+
 static const char *const subsys[] = {"INIT", "NET", "COLL", "BOOT", "ENV", "ALL"};
 static const char *const algos[] = {"ring", "rhd", "tree", "allreduce:", ";", "^"};
 static const char *const transports[] = {"shm", "tcp"};
@@ -92,7 +94,7 @@ static void wrappers(const char *s)
     unsigned allowed = 0;
     char err[256];
     if (weft_topo_parse_transports(s, &allowed, err, sizeof(err)) == WEFT_OK)
-        FUZZ_CHECK(allowed != 0 && (allowed & ~WEFT_LINK_ALLOW_ALL) == 0, "'%s' -> %#x", s,
+        FUZZ_CHECK(allowed != 0 && (allowed & ~weft_transport_choosable()) == 0, "'%s' -> %#x", s,
                    allowed);
     else
         FUZZ_CHECK(fuzz_text_ok(err, sizeof(err)) && strncmp(err, "WEFT_TRANSPORT=", 15) == 0,

@@ -13,6 +13,11 @@
 #include "fuzz.h"
 #include "select/topo.h"
 
+/* The built-in transports' link kinds, found by name as any caller would. */
+#define SELF weft_transport_find("self")
+#define SHM weft_transport_find("shm")
+#define TCP weft_transport_find("tcp")
+
 #define MAX_RANKS 8
 
 static bool same_link(const struct weft_link *a, const struct weft_link *b)
@@ -32,8 +37,7 @@ static void links(const struct weft_link_table *tab, struct weft_link *out)
 int weft_fuzz_topo(const uint8_t *data, size_t size)
 {
     static const char *const hostnames[] = {"rackA-n1", "rackA-n2", "rackB-n1", "rackB-n1"};
-    static const unsigned allow[] = {WEFT_LINK_ALLOW_ALL, 1u << WEFT_LINK_TCP,
-                                     1u << WEFT_LINK_SHM};
+    const unsigned allow[] = {weft_transport_choosable(), 1u << TCP, 1u << SHM};
     weft_fuzz_setup();
     struct fuzz_in in = {data, size};
     int n = 1 + fuzz_u8(&in) % MAX_RANKS;
@@ -47,7 +51,7 @@ int weft_fuzz_topo(const uint8_t *data, size_t size)
     if (weft_topo_table_init(&tab, n, ids, allowed, err, sizeof(err)) != WEFT_OK) {
         /* shm only across hosts: refused, as it must be; use both. */
         weft_topo_table_fini(&tab);
-        allowed = WEFT_LINK_ALLOW_ALL;
+        allowed = weft_transport_choosable();
         FUZZ_CHECK(weft_topo_table_init(&tab, n, ids, allowed, err, sizeof(err)) == WEFT_OK,
                    "%s", err);
     }
@@ -69,14 +73,14 @@ int weft_fuzz_topo(const uint8_t *data, size_t size)
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++) {
             const struct weft_link *l = &after[i * n + j];
-            FUZZ_CHECK(l->transport >= 0 && l->transport < WEFT_LINK_NTRANSPORTS, "transport %d",
+            FUZZ_CHECK(l->transport >= 0 && l->transport < weft_transport_count(), "transport %d",
                        l->transport);
-            FUZZ_CHECK((i == j) == (l->transport == WEFT_LINK_SELF), "%d-%d: %s", i, j,
-                       weft_link_transport_name(l->transport));
-            FUZZ_CHECK(l->transport != WEFT_LINK_SHM || tab.host[i] == tab.host[j],
+            FUZZ_CHECK((i == j) == (l->transport == SELF), "%d-%d: %s", i, j,
+                       weft_transport_name(l->transport));
+            FUZZ_CHECK(l->transport != SHM || tab.host[i] == tab.host[j],
                        "%d-%d: shm across hosts", i, j);
             FUZZ_CHECK(i == j || (allowed & 1u << l->transport), "%d-%d: %s is not allowed", i,
-                       j, weft_link_transport_name(l->transport));
+                       j, weft_transport_name(l->transport));
             FUZZ_CHECK(isfinite(l->alpha) && l->alpha >= 0 && isfinite(l->beta) && l->beta >= 0,
                        "%d-%d: alpha %g beta %g", i, j, l->alpha, l->beta);
             FUZZ_CHECK(same_link(l, &after[j * n + i]), "%d-%d differs from %d-%d", i, j, j, i);

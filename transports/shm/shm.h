@@ -243,5 +243,9 @@ bool shm_peer_dead(struct shm_conn *c) WEFT_HIDDEN;
 /* For tests and benchmarks: this context's counters. */
 void weft_shm_get_stats(void *ctx, struct weft_shm_stats *out) WEFT_HIDDEN;
 
+/* ---- the registry's view (shm.c, shm_desc.c) ---------------------------------- */
+extern const struct weft_transport_ops weft_shm_ops WEFT_HIDDEN;
+extern const struct weft_transport_desc weft_shm_desc WEFT_HIDDEN;
+
 
 #endif /* WEFT_TRANSPORT_SHM_H */

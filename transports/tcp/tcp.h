@@ -182,4 +182,8 @@ weft_status_t tcp_connect(void *vctx, int peer, const void *addr, size_t addrlen
                           void **vconn) WEFT_HIDDEN;
 void tcp_finalize(void *vctx) WEFT_HIDDEN;
 
+/* ---- the registry's view (tcp.c, tcp_desc.c) ---------------------------------- */
+extern const struct weft_transport_ops weft_tcp_ops WEFT_HIDDEN;
+extern const struct weft_transport_desc weft_tcp_desc WEFT_HIDDEN;
+
 #endif /* WEFT_TRANSPORT_TCP_H */

@@ -222,7 +222,7 @@ struct vb_ctx {
     uint8_t secret[WEFT_SECRET_BYTES];
     const struct weft_transport_ops *oob_ops; /* tcp */
     void *oob_ctx;
-    void **oob_conn;                /* (nranks) from weft_verbs_bind_oob */
+    void **oob_conn;                /* (nranks) from vb_bind_oob */
     struct ibv_context *dev;
     bool dev_borrowed;              /* rdma_cm's context: not ours to close */
     struct rdma_event_channel *cm_chan; /* NULL: queue pairs set up by hand */
@@ -279,6 +279,9 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
                       size_t *addrlen) WEFT_HIDDEN;
 weft_status_t vb_connect(void *vctx, int peer, const void *addr, size_t addrlen,
                          void **vconn) WEFT_HIDDEN;
+/* The descriptor's bind_oob: before connect(peer), the tcp connection to
+ * that peer, which carries the queue pair exchange. */
+void vb_bind_oob(void *vctx, int peer, void *oob_conn) WEFT_HIDDEN;
 void vb_finalize(void *vctx) WEFT_HIDDEN;
 
 /* Our queue pairs are up and the peer's info is here: say ready. */
@@ -322,5 +325,9 @@ weft_status_t vb_dereg_mem(void *vctx, void *mh) WEFT_HIDDEN;
 void vb_rc_fini(struct vb_ctx *ctx) WEFT_HIDDEN;
 struct vb_bounce *vb_bounce_get(struct vb_ctx *ctx, size_t bytes) WEFT_HIDDEN;
 void vb_bounce_put(struct vb_ctx *ctx, struct vb_bounce *b) WEFT_HIDDEN;
+
+/* ---- the registry's view (verbs.c, verbs_desc.c) ------------------------------- */
+extern const struct weft_transport_ops weft_verbs_ops WEFT_HIDDEN;
+extern const struct weft_transport_desc weft_verbs_desc WEFT_HIDDEN;
 
 #endif /* WEFT_TRANSPORT_VERBS_H */

@@ -538,6 +538,7 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
                       size_t *addrlen)
 {
     *vctx = NULL;
+    weft_param_register(weft_verbs_desc.params, weft_verbs_desc.nparams);
     struct weft_errsink *err = args->err;
     if (args->oob_ops == NULL || *addrlen < sizeof(struct vb_addr))
         return weft_error(err, WEFT_ERR_INTERNAL, "verbs init: no out-of-band transport");
@@ -669,7 +670,7 @@ fail:
     return st;
 }
 
-void weft_verbs_bind_oob(void *vctx, int peer, void *oob_conn)
+void vb_bind_oob(void *vctx, int peer, void *oob_conn)
 {
     struct vb_ctx *ctx = vctx;
     if (peer >= 0 && peer < ctx->nranks)
