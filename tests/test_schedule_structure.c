@@ -91,8 +91,11 @@ Test(schedule, registry_names)
     const char *names[WEFT_ALGO_COUNT] = { [WEFT_ALGO_RING] = "ring", [WEFT_ALGO_TREE] = "tree",
                                            [WEFT_ALGO_RHD] = "rhd", [WEFT_ALGO_DIRECT] = "direct",
                                            [WEFT_ALGO_HIER] = "hier" };
+    /* Users' WEFT_ALGO strings name these: they stay (a family added later
+     * has its own name, checked above). */
     for (int a = 0; a < WEFT_ALGO_COUNT; a++)
-        cr_assert_str_eq(weft_algo_name(a), names[a]);
+        if (names[a])
+            cr_assert_str_eq(weft_algo_name(a), names[a]);
     cr_assert_str_eq(weft_algo_variant_name(WEFT_ALGO_RHD, WEFT_VAR_RHD_DOUBLING), "doubling");
     cr_assert_str_eq(weft_algo_variant_name(WEFT_ALGO_TREE, WEFT_VAR_TREE_BINOMIAL), "binomial");
     cr_assert(weft_algo_variant_from_name(WEFT_ALGO_HIER, "RHD", 3) == WEFT_VAR_HIER_RHD);
