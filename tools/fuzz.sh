@@ -35,7 +35,8 @@ cflags="-std=gnu11 -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-para
         -Wno-unknown-pragmas -D_GNU_SOURCE -Iinclude -I. -Isrc -I$out $san"
 
 # The library: every source, rebuilt when it or any header is newer.
-srcs=(base/*.c algorithms/*.c select/*.c src/*.c transports/tcp/*.c transports/shm/*.c)
+srcs=(base/*.c algorithms/*.c select/*.c src/*.c transports/util/*.c transports/tcp/*.c
+      transports/shm/*.c)
 newest_h=$(ls -t base/*.h select/*.h src/*.h algorithms/*.h transports/*.h transports/*/*.h include/*.h | head -n 1)
 stale=()
 for s in "${srcs[@]}"; do

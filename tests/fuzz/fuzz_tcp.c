@@ -162,7 +162,7 @@ static void stream(struct fuzz_in *in)
         weft_tcp_ops.progress(ctx, 0);
         waiting = false;
         for (int k = 0; k < nreq; k++)
-            waiting |= ((struct tcp_req *)req[k])->status == WEFT_INPROGRESS;
+            waiting |= ((struct weft_req *)req[k])->status == WEFT_INPROGRESS;
     }
     FUZZ_CHECK(!waiting, "a receive still waits on a closed stream");
 
@@ -192,17 +192,17 @@ static void stream(struct fuzz_in *in)
         FUZZ_CHECK(done, "receive %d not done", k);
         if (failed) {
             FUZZ_CHECK(rc == WEFT_ERR_REMOTE, "receive %d: status %d, expected a failure", k, rc);
-            FUZZ_CHECK(why == NULL || strstr(c->errmsg, why), "receive %d: '%s' lacks '%s'", k,
-                       c->errmsg, why);
+            FUZZ_CHECK(why == NULL || strstr(c->base.errmsg, why), "receive %d: '%s' lacks '%s'", k,
+                       c->base.errmsg, why);
             continue;
         }
-        FUZZ_CHECK(rc == WEFT_OK, "receive %d: status %d (%s)", k, rc, c->errmsg);
+        FUZZ_CHECK(rc == WEFT_OK, "receive %d: status %d (%s)", k, rc, c->base.errmsg);
         FUZZ_CHECK(got == len, "receive %d: %zu bytes, the frame says %llu", k, got,
                    (unsigned long long)len);
         FUZZ_CHECK(memcmp(buf[k], s + off + TCP_HDR_LEN, got) == 0, "receive %d: wrong bytes", k);
         off += TCP_HDR_LEN + got;
     }
-    FUZZ_CHECK(fuzz_text_ok(c->errmsg, sizeof(c->errmsg)), "error record unreadable");
+    FUZZ_CHECK(fuzz_text_ok(c->base.errmsg, sizeof(c->base.errmsg)), "error record unreadable");
     for (int k = 0; k < nreq; k++)
         free(buf[k]);
     fake_ctx_free(ctx); /* closes sv[0] with the stream */

@@ -22,79 +22,28 @@
 #include "transports/shm/shm.h"
 #include "transports/transport.h"
 
-/* ---- requests and queues ------------------------------------------------- */
+/* ---- queues --------------------------------------------------------------- */
 
-static struct shm_req *req_get(struct shm_ctx *ctx)
+/* The oldest request of a queue, or NULL. */
+static struct shm_req *queue_head(const struct weft_req_queue *q)
 {
-    if (ctx->free_reqs == NULL) {
-        struct shm_slab *s = calloc(1, sizeof(*s));
-        if (s == NULL)
-            return NULL;
-        s->next = ctx->slabs;
-        ctx->slabs = s;
-        for (int i = SHM_REQ_SLAB - 1; i >= 0; i--) {
-            s->reqs[i].next = ctx->free_reqs;
-            ctx->free_reqs = &s->reqs[i];
-        }
-    }
-    struct shm_req *r = ctx->free_reqs;
-    ctx->free_reqs = r->next;
-    memset(r, 0, sizeof(*r));
-    r->status = WEFT_INPROGRESS;
-    return r;
-}
-
-static void req_put(struct shm_ctx *ctx, struct shm_req *r)
-{
-    r->next = ctx->free_reqs;
-    ctx->free_reqs = r;
+    return (struct shm_req *)q->head;
 }
 
 /* Keeps `active` true to the invariant of shm_conn. */
 static void conn_sync(struct shm_conn *c)
 {
     struct shm_ctx *ctx = c->ctx;
-    bool want = c->sq != NULL || c->rq != NULL;
+    bool want = c->sq.head != NULL || c->rq.head != NULL;
     if (want && !c->active) {
-        c->prev = NULL;
-        c->next = ctx->work;
-        if (ctx->work)
-            ctx->work->prev = c;
-        ctx->work = c;
+        LIST_INSERT_HEAD(&ctx->work, c, work);
         ctx->nactive++;
         c->moved = true; /* a fresh wait is not a stall */
     } else if (!want && c->active) {
-        if (c->prev)
-            c->prev->next = c->next;
-        else
-            ctx->work = c->next;
-        if (c->next)
-            c->next->prev = c->prev;
-        c->prev = c->next = NULL;
+        LIST_REMOVE(c, work);
         ctx->nactive--;
     }
     c->active = want;
-}
-
-/* Pops the oldest request of a queue and gives it its final status. */
-static void queue_complete(struct shm_req **head, struct shm_req **tail, weft_status_t status)
-{
-    struct shm_req *r = *head;
-    *head = r->next;
-    if (*head == NULL)
-        *tail = NULL;
-    r->next = NULL;
-    r->status = status;
-}
-
-static void queue_add(struct shm_req **head, struct shm_req **tail, struct shm_req *r)
-{
-    r->next = NULL;
-    if (*tail)
-        (*tail)->next = r;
-    else
-        *head = r;
-    *tail = r;
 }
 
 /* ---- waking a peer ------------------------------------------------------- */
@@ -122,35 +71,27 @@ void shm_signal(struct shm_conn *c)
 
 /* ---- failure ------------------------------------------------------------- */
 
-static void conn_close(struct shm_conn *c, weft_status_t status);
-
-void shm_conn_fail(struct shm_conn *c, weft_status_t status, const char *fmt, ...)
+/* What failing means here: tell the peer (it reads our ring's failure
+ * record when it stalls) and fail every queued request. */
+static void conn_close(struct weft_conn *base, weft_status_t status)
 {
-    if (c->err != WEFT_OK)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
-    va_end(ap);
-    c->err = status;
-    weft_error(c->ctx->err, status, "%s", c->errmsg);
-    conn_close(c, status);
-}
-
-/* Tells the peer c failed (it reads our ring's failure record when it
- * stalls) and fails every queued request. */
-static void conn_close(struct shm_conn *c, weft_status_t status)
-{
+    struct shm_conn *c = (struct shm_conn *)base;
     if (c->rx && atomic_load_explicit(&c->rx->failed, memory_order_relaxed) == 0) {
-        snprintf(c->rx->why, sizeof(c->rx->why), "%s", c->errmsg);
+        snprintf(c->rx->why, sizeof(c->rx->why), "%s", c->base.errmsg);
         atomic_store_explicit(&c->rx->failed, 1, memory_order_release);
         shm_signal(c);
     }
-    while (c->sq)
-        queue_complete(&c->sq, &c->sq_tail, status);
-    while (c->rq)
-        queue_complete(&c->rq, &c->rq_tail, status);
+    weft_req_queue_fail(&c->sq, status);
+    weft_req_queue_fail(&c->rq, status);
     conn_sync(c);
+}
+
+void shm_conn_fail(struct shm_conn *c, weft_status_t status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    weft_conn_vfail(&c->base, conn_close, status, fmt, ap);
+    va_end(ap);
 }
 
 static bool conn_send(struct shm_conn *c);
@@ -165,11 +106,11 @@ static bool conn_check_peer_failed(struct shm_conn *c)
     if (WEFT_LIKELY(atomic_load_explicit(&c->tx->failed, memory_order_acquire) == 0))
         return false;
     bool moved = false;
-    if (c->sq)
+    if (c->sq.head)
         moved |= conn_send(c);
-    if (c->rq && c->err == WEFT_OK)
+    if (c->rq.head && c->base.err == WEFT_OK)
         moved |= conn_recv(c);
-    if (moved || c->err != WEFT_OK)
+    if (moved || c->base.err != WEFT_OK)
         return true;
     char why[SHM_WHY_LEN];
     memcpy(why, c->tx->why, sizeof(why));
@@ -185,7 +126,7 @@ static bool conn_check_peer_failed(struct shm_conn *c)
 static bool want_cma(const struct shm_conn *c, const struct shm_req *r)
 {
     size_t min = c->ctx->cma_min;
-    return min > 0 && r->len >= min && !r->no_cma &&
+    return min > 0 && r->base.len >= min && !r->no_cma &&
            atomic_load_explicit(&c->tx->cma_ok, memory_order_relaxed) != 0;
 }
 
@@ -199,7 +140,7 @@ static bool conn_send(struct shm_conn *c)
     const uint32_t n = c->tx_nslots;
     bool moved = false;
     struct shm_req *r;
-    while ((r = c->sq) != NULL) {
+    while ((r = queue_head(&c->sq)) != NULL) {
         if (r->cma) {
             struct shm_slot *s = &ring->slot[r->cma_slot % n];
             if (atomic_load_explicit(&s->full, memory_order_acquire))
@@ -215,7 +156,7 @@ static bool conn_send(struct shm_conn *c)
                 continue;
             }
             ctx->stats.cma_sends++;
-            queue_complete(&c->sq, &c->sq_tail, WEFT_OK);
+            weft_req_complete(&c->sq, WEFT_OK);
             continue;
         }
         uint64_t head = atomic_load_explicit(&ring->head, memory_order_relaxed);
@@ -223,19 +164,19 @@ static bool conn_send(struct shm_conn *c)
         if (atomic_load_explicit(&s->full, memory_order_acquire))
             break; /* ring full */
         s->seq = r->seq;
-        s->msglen = r->len;
+        s->msglen = r->base.len;
         s->nack = 0;
         if (!r->started && want_cma(c, r)) {
             s->kind = SHM_KIND_CMA;
-            s->addr = (uint64_t)(uintptr_t)r->buf;
+            s->addr = (uint64_t)(uintptr_t)r->base.buf;
             s->off = 0;
-            s->len = r->len;
+            s->len = r->base.len;
             r->cma = true;
             r->cma_slot = head;
         } else {
-            size_t chunk = WEFT_MIN(c->tx_slot_bytes, r->len - r->done);
+            size_t chunk = WEFT_MIN(c->tx_slot_bytes, r->base.len - r->done);
             if (chunk > 0)
-                memcpy(c->tx_data + (head % n) * c->tx_slot_bytes, r->buf + r->done, chunk);
+                memcpy(c->tx_data + (head % n) * c->tx_slot_bytes, r->base.buf + r->done, chunk);
             s->kind = SHM_KIND_DATA;
             s->off = r->done;
             s->len = chunk;
@@ -246,9 +187,9 @@ static bool conn_send(struct shm_conn *c)
         atomic_store_explicit(&ring->head, head + 1, memory_order_relaxed);
         shm_signal(c);
         moved = true;
-        if (!r->cma && r->done == r->len) {
+        if (!r->cma && r->done == r->base.len) {
             ctx->stats.ring_sends++;
-            queue_complete(&c->sq, &c->sq_tail, WEFT_OK);
+            weft_req_complete(&c->sq, WEFT_OK);
         }
     }
     return moved;
@@ -311,7 +252,7 @@ static bool conn_recv(struct shm_conn *c)
     const uint32_t n = ctx->nslots;
     bool moved = false;
     struct shm_req *r;
-    while ((r = c->rq) != NULL) {
+    while ((r = queue_head(&c->rq)) != NULL) {
         uint64_t tail = atomic_load_explicit(&ring->tail, memory_order_relaxed);
         struct shm_slot *s = &ring->slot[tail % n];
         if (!atomic_load_explicit(&s->full, memory_order_acquire))
@@ -320,7 +261,7 @@ static bool conn_recv(struct shm_conn *c)
         uint32_t kind = s->kind;
         uint64_t seq = s->seq, msglen = s->msglen, off = s->off, len = s->len, addr = s->addr;
         if (seq != r->seq || (kind != SHM_KIND_DATA && kind != SHM_KIND_CMA) ||
-            (r->started && msglen != r->msglen)) {
+            (r->started && msglen != r->base.bytes)) {
             shm_conn_fail(c, WEFT_ERR_REMOTE,
                           "rank %d: bad slot from rank %d (message %llu of %llu bytes, kind %u; "
                           "expected message %llu)",
@@ -329,15 +270,15 @@ static bool conn_recv(struct shm_conn *c)
             return true;
         }
         if (!r->started) {
-            if (msglen > r->len) {
+            if (msglen > r->base.len) {
                 shm_conn_fail(c, WEFT_ERR_REMOTE,
                               "rank %d: rank %d sent %llu bytes but the receive posted holds "
                               "%zu (message %llu)",
-                              ctx->rank, c->peer, (unsigned long long)msglen, r->len,
+                              ctx->rank, c->peer, (unsigned long long)msglen, r->base.len,
                               (unsigned long long)seq);
                 return true;
             }
-            r->msglen = (size_t)msglen;
+            r->base.bytes = (size_t)msglen;
             r->started = true;
         }
         moved = true;
@@ -347,7 +288,7 @@ static bool conn_recv(struct shm_conn *c)
                 slot_release(c, s, tail);
                 continue;
             }
-            int err = cma_pull(c, r->buf, addr, (size_t)msglen);
+            int err = cma_pull(c, r->base.buf, addr, (size_t)msglen);
             if (err == EPERM || err == ENOSYS) {
                 cma_give_up(c, s, tail, err);
                 continue;
@@ -366,7 +307,7 @@ static bool conn_recv(struct shm_conn *c)
             }
             r->done = (size_t)msglen;
             if (r->take)
-                r->take(r->take_arg, 0, r->buf, (size_t)msglen);
+                r->take(r->take_arg, 0, r->base.buf, (size_t)msglen);
             ctx->stats.cma_pulls++;
             slot_release(c, s, tail);
         } else {
@@ -381,12 +322,12 @@ static bool conn_recv(struct shm_conn *c)
             }
             const char *data = c->rx_data + (tail % n) * ctx->slot_bytes;
             if (len > 0 && !(r->take && r->take(r->take_arg, (size_t)off, data, (size_t)len)))
-                memcpy(r->buf + off, data, (size_t)len);
+                memcpy(r->base.buf + off, data, (size_t)len);
             r->done += (size_t)len;
             slot_release(c, s, tail);
         }
-        if (r->done == r->msglen)
-            queue_complete(&c->rq, &c->rq_tail, WEFT_OK);
+        if (r->done == r->base.bytes)
+            weft_req_complete(&c->rq, WEFT_OK);
     }
     return moved;
 }
@@ -398,18 +339,18 @@ static bool ctx_pass(struct shm_ctx *ctx)
 {
     bool moved = false;
     struct shm_conn *next;
-    for (struct shm_conn *c = ctx->work; c; c = next) {
-        next = c->next; /* failing c unlinks c only */
+    for (struct shm_conn *c = LIST_FIRST(&ctx->work); c; c = next) {
+        next = LIST_NEXT(c, work); /* failing c unlinks c only */
         bool m = false;
-        if (c->sq)
+        if (c->sq.head)
             m |= conn_send(c);
-        if (c->rq && c->err == WEFT_OK)
+        if (c->rq.head && c->base.err == WEFT_OK)
             m |= conn_recv(c);
         if (m)
             c->moved = true;
-        else if (c->err == WEFT_OK)
+        else if (c->base.err == WEFT_OK)
             m = conn_check_peer_failed(c);
-        if (c->err == WEFT_OK)
+        if (c->base.err == WEFT_OK)
             conn_sync(c);
         moved |= m;
     }
@@ -427,8 +368,8 @@ static bool ctx_check_peers(struct shm_ctx *ctx)
     ctx->next_check = now + SHM_CHECK_NS;
     bool failed = false;
     struct shm_conn *next;
-    for (struct shm_conn *c = ctx->work; c; c = next) {
-        next = c->next;
+    for (struct shm_conn *c = LIST_FIRST(&ctx->work); c; c = next) {
+        next = LIST_NEXT(c, work);
         if (c->moved) {
             c->moved = false;
             continue;
@@ -436,11 +377,11 @@ static bool ctx_check_peers(struct shm_ctx *ctx)
         if (!shm_peer_dead(c))
             continue;
         /* What it published before it died is still ours to take. */
-        if (c->sq)
+        if (c->sq.head)
             conn_send(c);
-        if (c->rq)
+        if (c->rq.head)
             conn_recv(c);
-        if (c->err == WEFT_OK && (c->sq || c->rq))
+        if (c->base.err == WEFT_OK && (c->sq.head || c->rq.head))
             shm_conn_fail(c, WEFT_ERR_REMOTE, "rank %d: rank %d (pid %d) exited", ctx->rank,
                           c->peer, (int)c->pid);
         conn_sync(c);
@@ -514,7 +455,7 @@ static void *waker_main(void *arg)
         uint32_t now = atomic_load_explicit(bell, memory_order_acquire);
         if (now != seen) {
             seen = now;
-            ctx->wake_fn(ctx->wake_arg);
+            ctx->waker.fn(ctx->waker.fn_arg);
         }
     }
     return NULL;
@@ -523,27 +464,24 @@ static void *waker_main(void *arg)
 static weft_status_t shm_set_waker(void *vctx, void (*fn)(void *), void *arg)
 {
     struct shm_ctx *ctx = vctx;
-    if (ctx->waker_on)
+    if (ctx->waker.on)
         return WEFT_OK;
-    ctx->wake_fn = fn;
-    ctx->wake_arg = arg;
-    int err = pthread_create(&ctx->waker, NULL, waker_main, ctx);
+    int err = weft_waker_start(&ctx->waker, waker_main, ctx, fn, arg);
     if (err != 0)
         return weft_error(ctx->err, WEFT_ERR_SYSTEM, "rank %d: cannot start the shm waker: %s",
                           ctx->rank, strerror(err));
-    ctx->waker_on = true;
     return WEFT_OK;
 }
 
 void shm_waker_stop(struct shm_ctx *ctx)
 {
-    if (!ctx->waker_on)
+    if (!ctx->waker.on)
         return;
     atomic_store(&ctx->waker_stop, 1);
     atomic_fetch_add_explicit(&ctx->seg->doorbell, 1, memory_order_release);
     futex_op(&ctx->seg->doorbell, FUTEX_WAKE, INT_MAX, NULL);
-    pthread_join(ctx->waker, NULL);
-    ctx->waker_on = false;
+    pthread_join(ctx->waker.thread, NULL);
+    ctx->waker.on = false;
 }
 
 static bool shm_sleep_begin(void *vctx)
@@ -570,104 +508,64 @@ static void shm_sleep_end(void *vctx)
 static void shm_abort(void *vctx, weft_status_t status, const char *why)
 {
     struct shm_ctx *ctx = vctx;
-    for (int i = 0; i < ctx->nranks; i++) {
-        struct shm_conn *c = ctx->conns[i];
-        if (c == NULL || c->err != WEFT_OK)
-            continue;
-        snprintf(c->errmsg, sizeof(c->errmsg), "%s", why);
-        c->err = status;
-        conn_close(c, status);
-    }
+    for (int i = 0; i < ctx->nranks; i++)
+        if (ctx->conns[i])
+            weft_conn_abort(&ctx->conns[i]->base, conn_close, status, why);
 }
 
 /* ---- posting and testing -------------------------------------------------- */
 
-static weft_status_t shm_post(struct shm_conn *c, bool is_send, void *buf, size_t bytes,
-                              weft_take_fn take, void *take_arg, void **vreq)
+static weft_status_t shm_post(const char *what, struct shm_conn *c, bool is_send, void *buf,
+                              size_t bytes, weft_take_fn take, void *take_arg, void **vreq)
 {
-    struct shm_ctx *ctx = c->ctx;
-    struct shm_req *r = req_get(ctx);
-    if (r == NULL)
-        return weft_error(ctx->err, WEFT_ERR_NO_MEMORY, "rank %d: no memory for a shm request",
-                          ctx->rank);
-    r->conn = c;
-    r->buf = buf;
+    weft_status_t st = weft_req_post(what, c, sizeof(struct shm_req), buf, bytes, vreq);
+    if (st != WEFT_INPROGRESS)
+        return st;
+    struct shm_req *r = *vreq;
     r->take = take;
     r->take_arg = take_arg;
-    r->len = r->msglen = bytes;
-    *vreq = r;
-    if (c->err != WEFT_OK) {
-        r->status = c->err;
-        return WEFT_OK;
-    }
     if (is_send) {
         r->seq = c->nsend++;
-        bool idle = c->sq == NULL;
-        queue_add(&c->sq, &c->sq_tail, r);
+        bool idle = c->sq.head == NULL;
+        weft_req_enqueue(&c->sq, &r->base);
         /* Small messages leave without a progress round. */
         if (idle)
             conn_send(c);
     } else {
         r->seq = c->nrecv++;
-        bool idle = c->rq == NULL;
-        queue_add(&c->rq, &c->rq_tail, r);
+        bool idle = c->rq.head == NULL;
+        weft_req_enqueue(&c->rq, &r->base);
         if (idle)
             conn_recv(c);
     }
-    if (c->err == WEFT_OK)
+    if (c->base.err == WEFT_OK)
         conn_sync(c);
     return WEFT_OK;
 }
 
 static weft_status_t shm_isend(void *conn, const void *buf, size_t bytes, void **req)
 {
-    struct shm_conn *c = conn;
-    if (c == NULL || req == NULL || (buf == NULL && bytes > 0))
-        return weft_error_quiet(c ? c->ctx->err : NULL, WEFT_ERR_INVALID_ARG,
-                                "shm isend: NULL %s", c == NULL ? "connection" : "argument");
-    return shm_post(c, true, (void *)(uintptr_t)buf, bytes, NULL, NULL, req);
+    return shm_post("shm isend", conn, true, (void *)(uintptr_t)buf, bytes, NULL, NULL, req);
 }
 
 static weft_status_t shm_irecv(void *conn, void *buf, size_t bytes, void **req)
 {
-    struct shm_conn *c = conn;
-    if (c == NULL || req == NULL || (buf == NULL && bytes > 0))
-        return weft_error_quiet(c ? c->ctx->err : NULL, WEFT_ERR_INVALID_ARG,
-                                "shm irecv: NULL %s", c == NULL ? "connection" : "argument");
-    return shm_post(c, false, buf, bytes, NULL, NULL, req);
+    return shm_post("shm irecv", conn, false, buf, bytes, NULL, NULL, req);
 }
 
 static weft_status_t shm_irecv_take(void *conn, void *buf, size_t bytes, weft_take_fn take,
                                     void *arg, void **req)
 {
     struct shm_conn *c = conn;
-    if (c == NULL || req == NULL || take == NULL || (buf == NULL && bytes > 0))
-        return weft_error_quiet(c ? c->ctx->err : NULL, WEFT_ERR_INVALID_ARG,
-                                "shm irecv_take: NULL %s", c == NULL ? "connection" : "argument");
-    return shm_post(c, false, buf, bytes, take, arg, req);
+    if (c != NULL && take == NULL)
+        return weft_error_quiet(c->ctx->err, WEFT_ERR_INVALID_ARG,
+                                "shm irecv_take: NULL argument");
+    return shm_post("shm irecv_take", conn, false, buf, bytes, take, arg, req);
 }
 
-static weft_status_t shm_test(void *vreq, int *done, size_t *bytes)
+static weft_status_t shm_test(void *req, int *done, size_t *bytes)
 {
-    struct shm_req *r = vreq;
-    if (r == NULL || done == NULL)
-        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "shm test: NULL argument");
-    if (r->status == WEFT_INPROGRESS) {
-        *done = 0;
-        return WEFT_OK;
-    }
-    struct shm_conn *c = r->conn;
-    weft_status_t st = r->status;
-    size_t n = r->msglen;
-    req_put(c->ctx, r);
-    *done = 1;
-    if (st < 0)
-        /* Recorded (and logged) when the connection failed; recorded again
-         * so that the caller reads this request's cause. */
-        return weft_error_quiet(c->ctx->err, st, "%s", c->errmsg);
-    if (bytes)
-        *bytes = n;
-    return WEFT_OK;
+    return weft_req_test("shm", req, done, bytes, weft_req_put);
 }
 
 void weft_shm_get_stats(void *vctx, struct weft_shm_stats *out)

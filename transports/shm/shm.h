@@ -13,17 +13,17 @@
 #include <stddef.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/queue.h>
 #include <sys/types.h>
 
 #include "transports/transport.h"
+#include "transports/util/util.h"
 
 #define SHM_SEG_MAGIC 0x31304d5354464557ull /* "WEFTSM01" in memory */
 #define SHM_ADDR_MAGIC 0x41534657u          /* "WFSA" */
 #define SHM_VERSION 1
 #define SHM_LINE 64
-#define SHM_ERRMSG_LEN 384
-#define SHM_WHY_LEN SHM_ERRMSG_LEN          /* a failure reason, as the peer reads it */
-#define SHM_REQ_SLAB 64
+#define SHM_WHY_LEN 384                     /* a failure reason, as the peer reads it */
 #define SHM_CHECK_NS (100ull * 1000000ull)  /* a stalled peer's pid is checked this often */
 #define SHM_CMA_CHUNK (4u << 20)            /* bytes per process_vm_readv call */
 
@@ -110,20 +110,16 @@ struct shm_ctx;
 struct shm_conn;
 
 /*
- * One isend or irecv.  Owner: the transport (recycled through ctx's free
- * list); the caller borrows the handle until test() reports it done or
- * failed.  While status is WEFT_INPROGRESS it sits in its conn's queue.
+ * One isend or irecv.  Owner: ctx's request pool; the caller borrows the
+ * handle until test() reports it done or failed.  While base.status is
+ * WEFT_INPROGRESS it sits in its conn's queue.  base.bytes is the message's
+ * length (recv: from its first slot).
  */
 struct shm_req {
-    struct shm_req *next;
-    struct shm_conn *conn;
-    char *buf;
-    size_t len;             /* bytes posted */
-    size_t msglen;          /* bytes of the message (recv: from its first slot) */
+    struct weft_req base;   /* its conn, buffer, posted length, status */
     size_t done;            /* send: bytes put in slots; recv: bytes taken out */
     uint64_t seq;           /* message number in this direction of conn */
     uint64_t cma_slot;      /* send by CMA: ring position of its slot */
-    weft_status_t status;   /* INPROGRESS, OK or the failure */
     bool started;           /* a slot of it has been written (send) or read (recv) */
     bool cma;               /* send: published for the peer to pull; waits for the ack */
     bool no_cma;            /* send: the peer refused to pull it; the ring carries it */
@@ -134,18 +130,19 @@ struct shm_req {
 /*
  * Everything toward one peer.  Owner: ctx (conns[peer]), made by connect,
  * freed at finalize.  tx is our ring in the peer's segment (mapped here),
- * rx the peer's ring in ours.  err is OK until the first failure, then
- * sticky: both queues are empty and stay so.  `active` <=> linked into
- * ctx's work list <=> a queue is not empty.
+ * rx the peer's ring in ours.  Once base.err is set (sticky), both queues
+ * are empty and stay so.  `active` <=> linked into ctx's work list <=> a
+ * queue is not empty.
  */
 struct shm_conn {
+    struct weft_conn base;              /* failure record */
     struct shm_ctx *ctx;
     int peer;
     pid_t pid;
     int pidfd;                          /* -1: checked with kill() (or not at all) */
     bool pid_visible;                   /* false: the peer's pid is not ours to check */
     bool active, moved;                 /* moved: since the last liveness check */
-    struct shm_conn *prev, *next;       /* ctx work list */
+    LIST_ENTRY(shm_conn) work;          /* ctx work list */
     struct shm_addr addr;
     /* Send side. */
     struct shm_seg *peer_seg;           /* the first page(s) of the peer's segment */
@@ -160,15 +157,7 @@ struct shm_conn {
     struct shm_ring *rx;
     char *rx_data;
     uint64_t nsend, nrecv;              /* messages posted per direction */
-    struct shm_req *sq, *sq_tail;       /* sends, oldest first */
-    struct shm_req *rq, *rq_tail;       /* receives, oldest first */
-    weft_status_t err;
-    char errmsg[SHM_ERRMSG_LEN];
-};
-
-struct shm_slab {
-    struct shm_slab *next;
-    struct shm_req reqs[SHM_REQ_SLAB];
+    struct weft_req_queue sq, rq;       /* sends, receives (struct shm_req) */
 };
 
 /* Counters for tests and logs; one context's view. */
@@ -203,19 +192,15 @@ struct shm_ctx {
     volatile uint64_t probe;            /* read by peers to test CMA */
     _Atomic uint32_t wake_pending;
     struct shm_conn **conns;            /* (nranks) NULL until connected */
-    struct shm_conn *work;              /* conns with requests */
+    LIST_HEAD(, shm_conn) work;         /* conns with requests */
     size_t nactive;
     unsigned passes;
     uint64_t next_check;                /* ns: next liveness check of stalled peers */
-    struct shm_req *free_reqs;
-    struct shm_slab *slabs;
+    struct weft_req_pool reqs;          /* of struct shm_req */
     struct weft_shm_stats stats;
     /* Sleeping in another transport (shm_set_waker). */
-    pthread_t waker;
-    bool waker_on;
+    struct weft_waker waker;
     _Atomic int waker_stop;
-    void (*wake_fn)(void *);
-    void *wake_arg;
 };
 
 /* ---- shm.c ---------------------------------------------------------------- */
@@ -229,12 +214,10 @@ void shm_signal(struct shm_conn *c) WEFT_HIDDEN;
 
 /* ---- shm_setup.c ---------------------------------------------------------- */
 
-weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void *addr,
-                       size_t *addrlen) WEFT_HIDDEN;
-weft_status_t shm_connect(void *vctx, int peer, const void *addr, size_t addrlen,
-                          void **vconn) WEFT_HIDDEN;
+weft_tp_init_fn shm_init WEFT_HIDDEN;
+weft_tp_connect_fn shm_connect WEFT_HIDDEN;
 weft_status_t shm_ready(void *vctx) WEFT_HIDDEN;
-void shm_finalize(void *vctx) WEFT_HIDDEN;
+weft_tp_finalize_fn shm_finalize WEFT_HIDDEN;
 /* Ends the waker thread, if any (shm.c). */
 void shm_waker_stop(struct shm_ctx *ctx) WEFT_HIDDEN;
 /* True when the peer's process has exited (or is a zombie). */

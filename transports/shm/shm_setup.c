@@ -274,6 +274,7 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
         goto fail;
     }
     ctx->seg_bytes = hdr + (size_t)(ctx->ngroup - 1) * ctx->ring_bytes;
+    weft_req_pool_init(&ctx->reqs, "shm", args->err, args->rank);
     ctx->conns = calloc((size_t)args->nranks, sizeof(*ctx->conns));
     if (ctx->conns == NULL) {
         st = weft_error(args->err, WEFT_ERR_NO_MEMORY, "shm init: out of memory");
@@ -454,6 +455,7 @@ weft_status_t shm_connect(void *vctx, int peer, const void *addr, size_t addrlen
         return weft_error(ctx->err, WEFT_ERR_NO_MEMORY, "rank %d: no memory for a connection",
                           ctx->rank);
     }
+    c->base.reqs = &ctx->reqs;
     c->ctx = ctx;
     c->peer = peer;
     c->pid = a.pid;
@@ -558,7 +560,7 @@ void shm_finalize(void *vctx)
         if (c == NULL)
             continue;
         /* A peer still waiting on us fails now instead of at its timeout. */
-        if (c->err == WEFT_OK && atomic_load(&c->rx->failed) == 0) {
+        if (c->base.err == WEFT_OK && atomic_load(&c->rx->failed) == 0) {
             snprintf(c->rx->why, sizeof(c->rx->why), "rank %d closed its shared-memory transport",
                      ctx->rank);
             atomic_store_explicit(&c->rx->failed, 1, memory_order_release);
@@ -574,11 +576,7 @@ void shm_finalize(void *vctx)
         munmap(ctx->seg, ctx->seg_bytes);
     if (!ctx->unlinked && ctx->seg)
         unlink_job(ctx);
-    while (ctx->slabs) {
-        struct shm_slab *s = ctx->slabs;
-        ctx->slabs = s->next;
-        free(s);
-    }
+    weft_req_pool_fini(&ctx->reqs);
     free(ctx->conns);
     free(ctx->group);
     free(ctx);

@@ -28,32 +28,10 @@ static const char *dir_name(const struct tcp_stream *st)
     return st->is_send ? "send" : "recv";
 }
 
-static struct tcp_req *req_get(struct tcp_ctx *ctx)
+/* The oldest request of st, or NULL. */
+static struct tcp_req *stream_head(const struct tcp_stream *st)
 {
-    if (ctx->free_reqs == NULL) {
-        struct tcp_slab *s = calloc(1, sizeof(*s));
-        if (s == NULL)
-            return NULL;
-        s->next = ctx->slabs;
-        ctx->slabs = s;
-        for (int i = TCP_REQ_SLAB - 1; i >= 0; i--) {
-            s->reqs[i].next = ctx->free_reqs;
-            ctx->free_reqs = &s->reqs[i];
-        }
-    }
-    struct tcp_req *r = ctx->free_reqs;
-    ctx->free_reqs = r->next;
-    r->next = NULL;
-    r->done = 0;
-    r->hdr_ok = false;
-    r->status = WEFT_INPROGRESS;
-    return r;
-}
-
-static void req_put(struct tcp_ctx *ctx, struct tcp_req *r)
-{
-    r->next = ctx->free_reqs;
-    ctx->free_reqs = r;
+    return (struct tcp_req *)st->q.head;
 }
 
 /* Keeps `active` and `waits_fd` true to the invariants of tcp_stream. */
@@ -64,25 +42,15 @@ void tcp_stream_sync(struct tcp_stream *st)
     switch (st->state) {
     case ST_CONNECTING:
     case ST_HANDSHAKE: want = true; break;
-    case ST_READY: want = st->head != NULL; break;
-    case ST_IDLE: waits = !st->is_send && st->head != NULL; break;
+    case ST_READY: want = st->q.head != NULL; break;
+    case ST_IDLE: waits = !st->is_send && st->q.head != NULL; break;
     default: break;
     }
     if (want && !st->active) {
-        st->prev = NULL;
-        st->next = ctx->work;
-        if (ctx->work)
-            ctx->work->prev = st;
-        ctx->work = st;
+        LIST_INSERT_HEAD(&ctx->work, st, work);
         ctx->nactive++;
     } else if (!want && st->active) {
-        if (st->prev)
-            st->prev->next = st->next;
-        else
-            ctx->work = st->next;
-        if (st->next)
-            st->next->prev = st->prev;
-        st->prev = st->next = NULL;
+        LIST_REMOVE(st, work);
         ctx->nactive--;
     }
     st->active = want;
@@ -95,48 +63,11 @@ void tcp_stream_sync(struct tcp_stream *st)
     }
 }
 
-static void stream_enqueue(struct tcp_stream *st, struct tcp_req *r)
+/* What failing means here: close every socket of c (so the peer learns
+ * of it too) and fail every queued request. */
+static void conn_close(struct weft_conn *base, weft_status_t status)
 {
-    r->next = NULL;
-    if (st->tail)
-        st->tail->next = r;
-    else
-        st->head = r;
-    st->tail = r;
-}
-
-/* Pops the oldest request of st and gives it its final status. */
-static void stream_complete(struct tcp_stream *st, weft_status_t status)
-{
-    struct tcp_req *r = st->head;
-    st->head = r->next;
-    if (st->head == NULL)
-        st->tail = NULL;
-    r->next = NULL;
-    r->status = status;
-}
-
-/* Fails conn for good: records why, closes every socket toward the peer
- * (so the peer learns of it too) and fails every queued request. */
-static void conn_close(struct tcp_conn *c, weft_status_t status);
-
-void tcp_conn_fail(struct tcp_conn *c, weft_status_t status, const char *fmt, ...)
-{
-    if (c->err != WEFT_OK)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
-    va_end(ap);
-    c->err = status;
-    weft_error(c->ctx->err, status, "%s", c->errmsg);
-    conn_close(c, status);
-}
-
-/* Closes every socket of c (so the peer learns of it too) and fails every
- * queued request. */
-static void conn_close(struct tcp_conn *c, weft_status_t status)
-{
+    struct tcp_conn *c = (struct tcp_conn *)base;
     for (int i = 0; i < 2 * c->ctx->nstreams; i++) {
         struct tcp_stream *st = &c->streams[i];
         if (st->fd >= 0)
@@ -144,8 +75,7 @@ static void conn_close(struct tcp_conn *c, weft_status_t status)
         st->fd = -1;
         st->state = ST_FAILED;
         st->rhave = 0;
-        while (st->head)
-            stream_complete(st, status);
+        weft_req_queue_fail(&st->q, status);
         tcp_stream_sync(st);
     }
 }
@@ -160,6 +90,14 @@ static void stream_fail_io(struct tcp_stream *st, int err)
                   err == 0 ? "the peer closed the connection" : strerror(err));
 }
 
+void tcp_conn_fail(struct tcp_conn *c, weft_status_t status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    weft_conn_vfail(&c->base, conn_close, status, fmt, ap);
+    va_end(ap);
+}
+
 struct tcp_conn *tcp_conn_get(struct tcp_ctx *ctx, int peer)
 {
     if (ctx->conns[peer])
@@ -168,6 +106,7 @@ struct tcp_conn *tcp_conn_get(struct tcp_ctx *ctx, int peer)
     struct tcp_conn *c = calloc(1, sizeof(*c) + 2 * (size_t)n * sizeof(struct tcp_stream));
     if (c == NULL)
         return NULL;
+    c->base.reqs = &ctx->reqs;
     c->ctx = ctx;
     c->peer = peer;
     snprintf(c->addrstr, sizeof(c->addrstr), "address unknown");
@@ -191,11 +130,12 @@ struct tcp_conn *tcp_conn_get(struct tcp_ctx *ctx, int peer)
 static bool stream_send(struct tcp_stream *st)
 {
     bool moved = false;
-    while (st->head) {
+    while (st->q.head) {
         struct iovec iov[TCP_IOV_MAX];
         int niov = 0;
         size_t want = 0;
-        for (struct tcp_req *r = st->head; r && niov + 2 <= TCP_IOV_MAX; r = r->next) {
+        for (struct tcp_req *r = stream_head(st); r && niov + 2 <= TCP_IOV_MAX;
+             r = (struct tcp_req *)r->base.next) {
             size_t d = r->done;
             if (d < TCP_HDR_LEN) {
                 iov[niov++] = (struct iovec){r->hdr + d, TCP_HDR_LEN - d};
@@ -203,9 +143,9 @@ static bool stream_send(struct tcp_stream *st)
                 d = TCP_HDR_LEN;
             }
             size_t off = d - TCP_HDR_LEN;
-            if (off < r->len) {
-                iov[niov++] = (struct iovec){r->buf + off, r->len - off};
-                want += r->len - off;
+            if (off < r->base.len) {
+                iov[niov++] = (struct iovec){r->base.buf + off, r->base.len - off};
+                want += r->base.len - off;
             }
         }
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
@@ -224,14 +164,14 @@ static bool stream_send(struct tcp_stream *st)
         moved = true;
         size_t left = (size_t)n;
         struct tcp_req *r;
-        while ((r = st->head) != NULL) {
-            size_t total = TCP_HDR_LEN + r->len;
+        while ((r = stream_head(st)) != NULL) {
+            size_t total = TCP_HDR_LEN + r->base.len;
             size_t take = WEFT_MIN(left, total - r->done);
             r->done += take;
             left -= take;
             if (r->done < total)
                 break;
-            stream_complete(st, WEFT_OK);
+            weft_req_complete(&st->q, WEFT_OK);
         }
         /* A short write means the socket buffer is full: another call
          * would only return EAGAIN. */
@@ -288,14 +228,39 @@ static bool frame_check(struct tcp_stream *st, struct tcp_req *r)
 {
     char why[TCP_ERRMSG_LEN];
     size_t len;
-    if (tcp_frame_parse(st, st->rhdr, r->seq, r->len, &len, why, sizeof(why)) != WEFT_OK) {
+    if (tcp_frame_parse(st, st->rhdr, r->seq, r->base.len, &len, why, sizeof(why)) != WEFT_OK) {
         tcp_conn_fail(st->conn, WEFT_ERR_REMOTE, "%s", why);
         return false;
     }
-    r->msglen = len;
+    r->base.bytes = len;
     r->hdr_ok = true;
     st->rhave = 0;
     return true;
+}
+
+/* One read of st's socket into iov (niov pieces): the bytes read; 0 when
+ * nothing is there yet; -1 when the connection failed (and has been
+ * failed: the peer closed it, or the socket broke).  Inline: receives
+ * spin on it while they wait. */
+static inline ssize_t stream_read(struct tcp_stream *st, struct iovec *iov, size_t niov)
+{
+    for (;;) {
+        ssize_t n;
+        if (niov == 1) { /* recv costs less than recvmsg */
+            n = recv(st->fd, iov->iov_base, iov->iov_len, MSG_DONTWAIT);
+        } else {
+            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = niov};
+            n = recvmsg(st->fd, &mh, MSG_DONTWAIT);
+        }
+        if (n > 0)
+            return n;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        stream_fail_io(st, n == 0 ? 0 : errno);
+        return -1;
+    }
 }
 
 /* Reads into posted receives.  The payload goes straight to the user's
@@ -305,19 +270,15 @@ static bool stream_recv(struct tcp_stream *st)
 {
     bool moved = false;
     struct tcp_req *r;
-    while ((r = st->head) != NULL) {
+    while ((r = stream_head(st)) != NULL) {
         if (!r->hdr_ok) {
             if (st->rhave < TCP_HDR_LEN) {
-                ssize_t n = recv(st->fd, st->rhdr + st->rhave, TCP_HDR_LEN - st->rhave,
-                                 MSG_DONTWAIT);
-                if (n <= 0) {
-                    if (n < 0 && errno == EINTR)
-                        continue;
-                    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-                        break;
-                    stream_fail_io(st, n == 0 ? 0 : errno);
+                struct iovec iov = {st->rhdr + st->rhave, TCP_HDR_LEN - st->rhave};
+                ssize_t n = stream_read(st, &iov, 1);
+                if (n < 0)
                     return true;
-                }
+                if (n == 0)
+                    break;
                 moved = true;
                 st->rhave += (size_t)n;
                 if (st->rhave < TCP_HDR_LEN)
@@ -326,31 +287,26 @@ static bool stream_recv(struct tcp_stream *st)
             if (!frame_check(st, r))
                 return true;
         }
-        if (r->done < r->msglen) {
-            size_t need = r->msglen - r->done;
-            struct iovec iov[2] = {{r->buf + r->done, need}, {st->rhdr, TCP_HDR_LEN}};
-            struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
-            ssize_t n = recvmsg(st->fd, &mh, MSG_DONTWAIT);
-            if (n <= 0) {
-                if (n < 0 && errno == EINTR)
-                    continue;
-                if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-                    break;
-                stream_fail_io(st, n == 0 ? 0 : errno);
+        if (r->done < r->base.bytes) {
+            size_t need = r->base.bytes - r->done;
+            struct iovec iov[2] = {{r->base.buf + r->done, need}, {st->rhdr, TCP_HDR_LEN}};
+            ssize_t n = stream_read(st, iov, 2);
+            if (n < 0)
                 return true;
-            }
+            if (n == 0)
+                break;
             moved = true;
             size_t pay = WEFT_MIN((size_t)n, need);
             r->done += pay;
             st->rhave = (size_t)n - pay;
-            if (r->done < r->msglen)
+            if (r->done < r->base.bytes)
                 break; /* short read: the kernel has nothing more now */
-            stream_complete(st, WEFT_OK);
+            weft_req_complete(&st->q, WEFT_OK);
             if ((size_t)n < need + TCP_HDR_LEN)
                 break;
             continue;
         }
-        stream_complete(st, WEFT_OK);
+        weft_req_complete(&st->q, WEFT_OK);
         moved = true;
     }
     tcp_stream_sync(st);
@@ -363,7 +319,7 @@ static bool stream_progress(struct tcp_stream *st)
     case ST_CONNECTING:
     case ST_HANDSHAKE: {
         bool moved = tcp_stream_setup(st);
-        if (st->state == ST_READY && st->head)
+        if (st->state == ST_READY && st->q.head)
             stream_send(st);
         return moved;
     }
@@ -384,26 +340,17 @@ static short stream_events(const struct tcp_stream *st)
 
 /* ---- the vtable: posting, testing, progress ------------------------------ */
 
-static weft_status_t tcp_post(struct tcp_conn *c, bool is_send, void *buf, size_t bytes,
-                              void **vreq)
+static weft_status_t tcp_post(const char *what, struct tcp_conn *c, bool is_send, void *buf,
+                              size_t bytes, void **vreq)
 {
-    struct tcp_ctx *ctx = c->ctx;
-    struct tcp_req *r = req_get(ctx);
-    if (r == NULL)
-        return weft_error(ctx->err, WEFT_ERR_NO_MEMORY, "rank %d: no memory for a tcp request",
-                          ctx->rank);
-    r->conn = c;
-    r->buf = buf;
-    r->len = r->msglen = bytes;
-    *vreq = r;
-    if (c->err != WEFT_OK) {
-        r->status = c->err;
-        return WEFT_OK;
-    }
+    weft_status_t rc = weft_req_post(what, c, sizeof(struct tcp_req), buf, bytes, vreq);
+    if (rc != WEFT_INPROGRESS)
+        return rc;
+    struct tcp_req *r = *vreq;
     r->seq = is_send ? c->nsend++ : c->nrecv++;
-    struct tcp_stream *st = (is_send ? c->send : c->recv) + r->seq % (uint64_t)ctx->nstreams;
-    bool idle = st->head == NULL;
-    stream_enqueue(st, r);
+    struct tcp_stream *st = (is_send ? c->send : c->recv) + r->seq % (uint64_t)c->ctx->nstreams;
+    bool idle = st->q.head == NULL;
+    weft_req_enqueue(&st->q, &r->base);
     if (is_send) {
         uint32_t magic = htole32(TCP_MAGIC), zero = 0;
         uint64_t seq = htole64(r->seq), len = htole64((uint64_t)bytes);
@@ -427,43 +374,17 @@ static weft_status_t tcp_post(struct tcp_conn *c, bool is_send, void *buf, size_
 
 static weft_status_t tcp_isend(void *conn, const void *buf, size_t bytes, void **req)
 {
-    struct tcp_conn *c = conn;
-    if (c == NULL || req == NULL || (buf == NULL && bytes > 0))
-        return weft_error_quiet(c ? c->ctx->err : NULL, WEFT_ERR_INVALID_ARG,
-                                "tcp isend: NULL %s", c == NULL ? "connection" : "argument");
-    return tcp_post(c, true, (void *)(uintptr_t)buf, bytes, req);
+    return tcp_post("tcp isend", conn, true, (void *)(uintptr_t)buf, bytes, req);
 }
 
 static weft_status_t tcp_irecv(void *conn, void *buf, size_t bytes, void **req)
 {
-    struct tcp_conn *c = conn;
-    if (c == NULL || req == NULL || (buf == NULL && bytes > 0))
-        return weft_error_quiet(c ? c->ctx->err : NULL, WEFT_ERR_INVALID_ARG,
-                                "tcp irecv: NULL %s", c == NULL ? "connection" : "argument");
-    return tcp_post(c, false, buf, bytes, req);
+    return tcp_post("tcp irecv", conn, false, buf, bytes, req);
 }
 
-static weft_status_t tcp_test(void *vreq, int *done, size_t *bytes)
+static weft_status_t tcp_test(void *req, int *done, size_t *bytes)
 {
-    struct tcp_req *r = vreq;
-    if (r == NULL || done == NULL)
-        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "tcp test: NULL argument");
-    if (r->status == WEFT_INPROGRESS) {
-        *done = 0;
-        return WEFT_OK;
-    }
-    struct tcp_conn *c = r->conn;
-    weft_status_t st = r->status;
-    size_t n = r->msglen;
-    req_put(c->ctx, r);
-    *done = 1;
-    if (st < 0)
-        /* Recorded (and logged) when the connection failed; recorded again
-         * so that the caller reads this request's cause. */
-        return weft_error_quiet(c->ctx->err, st, "%s", c->errmsg);
-    if (bytes)
-        *bytes = n;
-    return WEFT_OK;
+    return weft_req_test("tcp", req, done, bytes, weft_req_put);
 }
 
 /* Makes room in the poll arrays for n entries (grows during warm-up only). */
@@ -494,7 +415,7 @@ static weft_status_t tcp_progress(void *vctx, int timeout_ms)
     WEFT_CHECK(ctx_poll_room(ctx, ctx->nactive + TCP_MAX_PENDING + 2));
     /* Snapshot first: I/O may fail a conn and unlink several streams. */
     size_t ns = 0;
-    for (struct tcp_stream *st = ctx->work; st; st = st->next)
+    for (struct tcp_stream *st = LIST_FIRST(&ctx->work); st; st = LIST_NEXT(st, work))
         ctx->pst[ns++] = st;
     bool moved = false;
     for (size_t i = 0; i < ns; i++)
@@ -511,7 +432,7 @@ static weft_status_t tcp_progress(void *vctx, int timeout_ms)
 
     WEFT_CHECK(ctx_poll_room(ctx, ctx->nactive + TCP_MAX_PENDING + 2));
     size_t n = 0;
-    for (struct tcp_stream *st = ctx->work; st; st = st->next) {
+    for (struct tcp_stream *st = LIST_FIRST(&ctx->work); st; st = LIST_NEXT(st, work)) {
         ctx->pfd[n] = (struct pollfd){.fd = st->fd, .events = stream_events(st)};
         ctx->pst[n] = st;
         ctx->pkind[n++] = -1;
@@ -563,14 +484,9 @@ static weft_status_t tcp_progress(void *vctx, int timeout_ms)
 static void tcp_abort(void *vctx, weft_status_t status, const char *why)
 {
     struct tcp_ctx *ctx = vctx;
-    for (int i = 0; i < ctx->nranks; i++) {
-        struct tcp_conn *c = ctx->conns[i];
-        if (c == NULL || c->err != WEFT_OK)
-            continue;
-        snprintf(c->errmsg, sizeof(c->errmsg), "%s", why);
-        c->err = status;
-        conn_close(c, status);
-    }
+    for (int i = 0; i < ctx->nranks; i++)
+        if (ctx->conns[i])
+            weft_conn_abort(&ctx->conns[i]->base, conn_close, status, why);
 }
 
 static void tcp_wakeup(void *vctx)

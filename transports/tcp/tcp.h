@@ -10,10 +10,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/queue.h>
 
 #include "base/auth.h"
 #include "base/sock.h"
 #include "transports/transport.h"
+#include "transports/util/util.h"
 
 #define TCP_HDR_LEN 24                 /* u32 magic, u32 reserved, u64 seq, u64 len */
 #define TCP_MAGIC 0x31444657u          /* "WFD1" on the wire */
@@ -21,7 +23,6 @@
 #define TCP_MAX_PENDING 64             /* accepted sockets still in their handshake */
 #define TCP_ACCEPT_TIMEOUT_NS (10ull * 1000000000ull)
 #define TCP_IOV_MAX 64                 /* iovecs per sendmsg: 32 queued messages */
-#define TCP_REQ_SLAB 64
 #define TCP_ERRMSG_LEN 384
 #define TCP_ADDRSTR_LEN 64
 
@@ -37,19 +38,15 @@ struct tcp_ctx;
 struct tcp_conn;
 
 /*
- * One isend or irecv.  Owner: the transport (recycled through ctx's free
- * list); the caller borrows the handle until test() reports it done or
- * failed.  While status is WEFT_INPROGRESS it sits in its stream's FIFO.
+ * One isend or irecv.  Owner: ctx's request pool; the caller borrows the
+ * handle until test() reports it done or failed.  While base.status is
+ * WEFT_INPROGRESS it sits in its stream's FIFO.  base.bytes is the
+ * message's length (recv: from its header).
  */
 struct tcp_req {
-    struct tcp_req *next;      /* FIFO or free list */
-    struct tcp_conn *conn;
-    char *buf;
-    size_t len;                /* bytes posted */
-    size_t msglen;             /* bytes of the message (recv: from its header) */
+    struct weft_req base;      /* its conn, buffer, posted length, status */
     size_t done;               /* send: header + payload bytes written; recv: payload bytes */
     uint64_t seq;              /* message number in this direction of conn */
-    weft_status_t status;      /* INPROGRESS, OK or the failure */
     bool hdr_ok;               /* recv: header read and validated */
     uint8_t hdr[TCP_HDR_LEN];  /* send: the frame header */
 };
@@ -66,8 +63,8 @@ struct tcp_stream {
     int index;
     uint8_t state;
     bool is_send, active, waits_fd, installed;
-    struct tcp_stream *prev, *next;          /* ctx work list */
-    struct tcp_req *head, *tail;             /* FIFO, oldest first */
+    LIST_ENTRY(tcp_stream) work;             /* ctx work list */
+    struct weft_req_queue q;                 /* FIFO of struct tcp_req */
     size_t rhave;                            /* recv: bytes of rhdr read ahead */
     uint8_t rhdr[TCP_HDR_LEN];
     struct weft_auth_connector auth;         /* send: during HANDSHAKE */
@@ -76,18 +73,17 @@ struct tcp_stream {
 /*
  * Everything toward one peer.  Owner: ctx (conns[peer]), freed at finalize.
  * Created by connect() or by the first accepted stream of that peer.
- * err is OK until the first failure, then sticky: every stream is FAILED.
+ * Once base.err is set (sticky), every stream is FAILED.
  */
 struct tcp_conn {
+    struct weft_conn base;                 /* failure record */
     struct tcp_ctx *ctx;
     int peer;
+    union weft_sockaddr addr;              /* peer's published address, once have_addr */
     bool have_addr;
-    union weft_sockaddr addr;              /* peer's published address */
     char addrstr[TCP_ADDRSTR_LEN];
     uint64_t nsend, nrecv;                 /* messages posted per direction */
     uint64_t deadline;                     /* outgoing setup must finish by then (0: none) */
-    weft_status_t err;
-    char errmsg[TCP_ERRMSG_LEN];
     struct tcp_stream *send, *recv;        /* nstreams each, inside streams[] */
     struct tcp_stream streams[];
 };
@@ -98,11 +94,6 @@ struct tcp_pending {
     uint64_t serial;                       /* acceptance order: lowest is oldest */
     struct weft_auth_acceptor acc;
     char from[TCP_ADDRSTR_LEN];
-};
-
-struct tcp_slab {
-    struct tcp_slab *next;
-    struct tcp_req reqs[TCP_REQ_SLAB];
 };
 
 /*
@@ -119,7 +110,7 @@ struct tcp_ctx {
     int lfd, efd;
     union weft_sockaddr laddr;
     struct tcp_conn **conns;               /* (nranks), NULL until needed */
-    struct tcp_stream *work;               /* active streams */
+    LIST_HEAD(, tcp_stream) work;          /* active streams */
     size_t nactive, nwait_fd;
     unsigned tick;
     struct tcp_pending pending[TCP_MAX_PENDING];
@@ -129,8 +120,7 @@ struct tcp_ctx {
     struct tcp_stream **pst;               /* (pcap) stream of pfd[i], NULL for others */
     int *pkind;                            /* (pcap) -1 stream, -2 listener, -3 efd, else pending */
     size_t pcap;
-    struct tcp_req *free_reqs;
-    struct tcp_slab *slabs;
+    struct weft_req_pool reqs;             /* of struct tcp_req */
 };
 
 /* ---- tcp.c: shared helpers ------------------------------------------------ */
@@ -176,11 +166,9 @@ bool tcp_stream_setup(struct tcp_stream *st) WEFT_HIDDEN;
 void tcp_pending_step(struct tcp_ctx *ctx, struct tcp_pending *p) WEFT_HIDDEN;
 /* Accepts what waits on the listener and advances every handshake. */
 bool tcp_ctx_service(struct tcp_ctx *ctx) WEFT_HIDDEN;
-weft_status_t tcp_init(const struct weft_transport_init *args, void **vctx, void *addr,
-                       size_t *addrlen) WEFT_HIDDEN;
-weft_status_t tcp_connect(void *vctx, int peer, const void *addr, size_t addrlen,
-                          void **vconn) WEFT_HIDDEN;
-void tcp_finalize(void *vctx) WEFT_HIDDEN;
+weft_tp_init_fn tcp_init WEFT_HIDDEN;
+weft_tp_connect_fn tcp_connect WEFT_HIDDEN;
+weft_tp_finalize_fn tcp_finalize WEFT_HIDDEN;
 
 /* ---- the registry's view (tcp.c, tcp_desc.c) ---------------------------------- */
 extern const struct weft_transport_ops weft_tcp_ops WEFT_HIDDEN;

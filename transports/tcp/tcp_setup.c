@@ -131,7 +131,7 @@ static void pending_install(struct tcp_ctx *ctx, struct tcp_pending *p)
         struct tcp_stream *st = c ? &c->recv[h->index] : NULL;
         if (c == NULL)
             snprintf(why, sizeof(why), "out of memory for the connection");
-        else if (c->err != WEFT_OK)
+        else if (c->base.err != WEFT_OK)
             snprintf(why, sizeof(why), "the connection to rank %u has failed already",
                      (unsigned)h->rank);
         else if (st->installed)
@@ -254,6 +254,7 @@ weft_status_t tcp_init(const struct weft_transport_init *args, void **vctx, void
     ctx->timeout_ns = args->timeout_ns;
     memcpy(ctx->secret, args->secret, WEFT_SECRET_BYTES);
     ctx->lfd = ctx->efd = -1;
+    weft_req_pool_init(&ctx->reqs, "tcp", args->err, args->rank);
     ctx->conns = calloc((size_t)args->nranks, sizeof(*ctx->conns));
     ctx->pcap = 64;
     ctx->pfd = malloc(ctx->pcap * sizeof(*ctx->pfd));
@@ -361,11 +362,7 @@ void tcp_finalize(void *vctx)
         close(ctx->lfd);
     if (ctx->efd >= 0)
         close(ctx->efd);
-    while (ctx->slabs) {
-        struct tcp_slab *s = ctx->slabs;
-        ctx->slabs = s->next;
-        free(s);
-    }
+    weft_req_pool_fini(&ctx->reqs);
     free(ctx->conns);
     free(ctx->pfd);
     free(ctx->pst);

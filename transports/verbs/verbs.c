@@ -3,7 +3,7 @@
  * sender's FIFO, payloads written with RDMA WRITE WITH IMMEDIATE straight
  * into the receiver's memory (registered) or a bounce buffer, striped
  * across the connection's queue pairs; one completion queue per rank,
- * polled by progress().  Setup lives in verbs_setup.c, memory in regcache.c.
+ * polled by progress().  Setup lives in verbs_setup.c, memory in verbs_mem.c.
  */
 #include <errno.h>
 #include <poll.h>
@@ -25,45 +25,36 @@ enum { WR_SEND = 0, WR_RECV = 1, WR_FIFO = 2 };
 
 /* ---- requests ------------------------------------------------------------- */
 
-static struct vb_req *req_get(struct vb_ctx *ctx)
-{
-    if (ctx->free_reqs == NULL) {
-        struct vb_slab *s;
-        if (posix_memalign((void **)&s, 64, sizeof(*s)) != 0)
-            return NULL;
-        memset(s, 0, sizeof(*s));
-        s->next = ctx->slabs;
-        ctx->slabs = s;
-        for (int i = VB_REQ_SLAB - 1; i >= 0; i--) {
-            s->reqs[i].next = ctx->free_reqs;
-            ctx->free_reqs = &s->reqs[i];
-        }
-    }
-    struct vb_req *r = ctx->free_reqs;
-    ctx->free_reqs = r->next;
-    memset(r, 0, sizeof(*r));
-    r->status = WEFT_INPROGRESS;
-    return r;
-}
-
-/* Back to the free list once the caller has it back and no completion is
- * due; releases what it held. */
+/* Back to the pool once the caller has it back and no completion is due;
+ * releases what it held. */
 static void req_release(struct vb_ctx *ctx, struct vb_req *r)
 {
     if (!r->returned || r->wrs > 0)
         return;
-    vb_rc_put(ctx, r->mr);
-    vb_bounce_put(ctx, r->bounce);
+    weft_regcache_put(&ctx->rc, r->mr);
+    weft_bounce_put(&ctx->rc, r->bounce);
     r->mr = NULL;
     r->bounce = NULL;
-    r->next = ctx->free_reqs;
-    ctx->free_reqs = r;
+    weft_req_put(&r->base);
+}
+
+static struct vb_conn *req_conn(const struct vb_req *r)
+{
+    return (struct vb_conn *)r->base.conn;
+}
+
+/* test() has reported r: it is the transport's alone now. */
+static void req_returned(struct weft_req *base)
+{
+    struct vb_req *r = (struct vb_req *)base;
+    r->returned = true;
+    req_release(req_conn(r)->ctx, r);
 }
 
 static void req_finish(struct vb_req *r, weft_status_t st)
 {
-    if (r->status == WEFT_INPROGRESS)
-        r->status = st;
+    if (r->base.status == WEFT_INPROGRESS)
+        r->base.status = st;
 }
 
 /* ---- connection failure ------------------------------------------------------ */
@@ -77,17 +68,12 @@ void vb_work_add(struct vb_conn *c)
     c->ctx->work = c;
 }
 
-void vb_conn_fail(struct vb_conn *c, weft_status_t st, const char *fmt, ...)
+/* What failing means here: tell the peer, stop the queue pairs, fail every
+ * request not yet written or described. */
+static void conn_close(struct weft_conn *base, weft_status_t st)
 {
-    if (c->err != WEFT_OK)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->errmsg, sizeof(c->errmsg), fmt, ap);
-    va_end(ap);
-    c->err = st;
+    struct vb_conn *c = (struct vb_conn *)base;
     c->state = VB_FAILED;
-    weft_error(c->ctx->err, st, "%s", c->errmsg);
     /* Tell the peer now: its side of the queue pairs would only learn of
      * it from a retry timeout.  The request is freed with the tcp context. */
     static const uint8_t failed = VB_FAILED_BYTE;
@@ -101,17 +87,22 @@ void vb_conn_fail(struct vb_conn *c, weft_status_t st, const char *fmt, ...)
     for (int q = 0; q < c->nqps; q++)
         if (c->qps[q].qp)
             ibv_modify_qp(c->qps[q].qp, &a, IBV_QP_STATE);
-    for (struct vb_req *r = c->shead; r; r = r->next)
-        req_finish(r, st);
-    for (struct vb_req *r = c->rhead; r; r = r->next)
-        req_finish(r, st);
-    c->shead = c->stail = c->rhead = c->rtail = NULL;
+    weft_req_queue_fail(&c->sq, st);
+    weft_req_queue_fail(&c->rq, st);
     for (int i = 0; i < VB_FIFO; i++) {
         if (c->rslot[i]) {
             req_finish(c->rslot[i], st);
             c->rslot[i] = NULL;
         }
     }
+}
+
+void vb_conn_fail(struct vb_conn *c, weft_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    weft_conn_vfail(&c->base, conn_close, st, fmt, ap);
+    va_end(ap);
 }
 
 /* ---- posting -------------------------------------------------------------------- */
@@ -165,30 +156,30 @@ weft_status_t vb_post_recv(struct vb_qp *q, int n)
 static bool describe_one(struct vb_conn *c)
 {
     struct vb_ctx *ctx = c->ctx;
-    struct vb_req *r = c->rhead;
+    struct vb_req *r = (struct vb_req *)c->rq.head;
     uint32_t slot = r->seq % VB_FIFO;
     struct vb_qp *q = &c->qps[0];
     if (c->rslot[slot] != NULL || !sq_room(q, 1))
         return false;
     uint64_t addr = 0;
     uint32_t rkey = 0;
-    if (r->len > 0) {
-        r->mr = vb_rc_get(ctx, r->buf, r->len, ctx->regcache_all);
+    if (r->base.len > 0) {
+        r->mr = weft_regcache_get(&ctx->rc, r->base.buf, r->base.len, ctx->regcache_all);
         if (r->mr) {
-            addr = (uintptr_t)r->buf;
-            rkey = r->mr->mr->rkey;
-        } else if ((r->bounce = vb_bounce_get(ctx, r->len)) != NULL) {
+            addr = (uintptr_t)r->base.buf;
+            rkey = vb_mr(r->mr->handle)->rkey;
+        } else if ((r->bounce = weft_bounce_get(&ctx->rc, r->base.len)) != NULL) {
             addr = (uintptr_t)r->bounce->buf;
-            rkey = r->bounce->mr->rkey;
+            rkey = vb_mr(r->bounce->handle)->rkey;
         } else {
             vb_conn_fail(c, WEFT_ERR_NO_MEMORY,
                          "rank %d: %s: no memory for a %zu-byte bounce buffer (receive from "
                          "rank %d)",
-                         ctx->rank, ctx->devname, r->len, c->peer);
+                         ctx->rank, ctx->devname, r->base.len, c->peer);
             return false;
         }
     }
-    struct vb_desc d = {.addr = addr, .len = r->len, .rkey = rkey, .seq = r->seq + 1};
+    struct vb_desc d = {.addr = addr, .len = r->base.len, .rkey = rkey, .seq = r->seq + 1};
     struct ibv_sge sge = {.addr = (uintptr_t)&d, .length = sizeof(d), .lkey = 0};
     bool sig = q->unsignaled + 1 >= VB_SIGNAL_EVERY;
     struct ibv_send_wr wr = {
@@ -208,10 +199,7 @@ static bool describe_one(struct vb_conn *c)
                      ctx->devname, ctx->port, c->peer, strerror(rc));
         return false;
     }
-    c->rhead = r->next;
-    if (c->rhead == NULL)
-        c->rtail = NULL;
-    r->next = NULL;
+    weft_req_dequeue(&c->rq);
     c->rslot[slot] = r;
     c->rdesc++;
     return true;
@@ -222,7 +210,7 @@ static bool describe_one(struct vb_conn *c)
 static bool write_one(struct vb_conn *c)
 {
     struct vb_ctx *ctx = c->ctx;
-    struct vb_req *r = c->shead;
+    struct vb_req *r = (struct vb_req *)c->sq.head;
     uint32_t slot = r->seq % VB_FIFO;
     if (!c->desc_seen[slot])
         return false;
@@ -234,7 +222,7 @@ static bool write_one(struct vb_conn *c)
                      ctx->rank, c->peer, d.seq - 1, r->seq);
         return false;
     }
-    size_t len = r->len;
+    size_t len = r->base.len;
     bool toolong = len > d.len;
     uint32_t nstripes = 1;
     if (!toolong && len >= 2 * (size_t)VB_MIN_STRIPE)
@@ -248,16 +236,16 @@ static bool write_one(struct vb_conn *c)
         if (!sq_room(&c->qps[s], pieces))
             return false;
     uint32_t lkey = 0;
-    const char *src = r->buf;
+    const char *src = r->base.buf;
     bool inl = len <= (size_t)ctx->max_inline;
     if (!toolong && !inl && len > 0) {
-        r->mr = vb_rc_get(ctx, r->buf, len, ctx->regcache_all);
+        r->mr = weft_regcache_get(&ctx->rc, r->base.buf, len, ctx->regcache_all);
         if (r->mr) {
-            lkey = r->mr->mr->lkey;
-        } else if ((r->bounce = vb_bounce_get(ctx, len)) != NULL) {
-            memcpy(r->bounce->buf, r->buf, len);
+            lkey = vb_mr(r->mr->handle)->lkey;
+        } else if ((r->bounce = weft_bounce_get(&ctx->rc, len)) != NULL) {
+            memcpy(r->bounce->buf, r->base.buf, len);
             src = r->bounce->buf;
-            lkey = r->bounce->mr->lkey;
+            lkey = vb_mr(r->bounce->handle)->lkey;
         } else {
             vb_conn_fail(c, WEFT_ERR_NO_MEMORY,
                          "rank %d: %s: no memory for a %zu-byte bounce buffer (send to rank %d)",
@@ -266,10 +254,7 @@ static bool write_one(struct vb_conn *c)
         }
     }
     c->desc_seen[slot] = false;
-    c->shead = r->next;
-    if (c->shead == NULL)
-        c->stail = NULL;
-    r->next = NULL;
+    weft_req_dequeue(&c->sq);
     if (toolong) {
         /* Tell the receiver (its request fails too), move no byte. */
         struct ibv_send_wr wr = {
@@ -291,7 +276,7 @@ static bool write_one(struct vb_conn *c)
                      ctx->rank, len, c->peer, (unsigned long long)d.len);
         return false;
     }
-    r->bytes = len;
+    r->base.bytes = len;
     size_t off = 0;
     for (uint32_t s = 0; s < nstripes; s++) {
         size_t slen = WEFT_MIN(stripe, len - off);
@@ -340,9 +325,9 @@ static void conn_push(struct vb_conn *c)
 {
     if (c->state != VB_READY)
         return;
-    while (c->rhead && describe_one(c))
+    while (c->rq.head && describe_one(c))
         ;
-    while (c->shead && c->state == VB_READY && write_one(c))
+    while (c->sq.head && c->state == VB_READY && write_one(c))
         ;
 }
 
@@ -351,7 +336,7 @@ static void conn_push(struct vb_conn *c)
 static void wc_fail(struct vb_conn *c, const struct ibv_wc *wc, const char *what)
 {
     struct vb_ctx *ctx = c->ctx;
-    weft_status_t st = wc->status == IBV_WC_WR_FLUSH_ERR && c->err != WEFT_OK ? c->err
+    weft_status_t st = wc->status == IBV_WC_WR_FLUSH_ERR && c->base.err != WEFT_OK ? c->base.err
                        : WEFT_ERR_REMOTE;
     vb_conn_fail(c, st, "rank %d: %s port %d: %s toward rank %d failed: %s (status %d, vendor error 0x%x)",
                  ctx->rank, ctx->devname, ctx->port, what, c->peer, ibv_wc_status_str(wc->status),
@@ -397,21 +382,21 @@ static void on_recv(struct vb_qp *q, const struct ibv_wc *wc)
     if (VB_IMM_KIND(imm) == VB_IMM_TOOLONG) {
         vb_conn_fail(c, WEFT_ERR_REMOTE,
                      "rank %d: rank %d sent a message longer than the %zu bytes posted for it",
-                     c->ctx->rank, c->peer, r->len);
+                     c->ctx->rank, c->peer, r->base.len);
         return;
     }
     r->stripes = VB_IMM_STRIPES(imm);
     r->got++;
-    r->bytes += wc->byte_len;
+    r->base.bytes += wc->byte_len;
     if (r->got < r->stripes)
         return;
-    if (r->bytes > r->len) {
+    if (r->base.bytes > r->base.len) {
         vb_conn_fail(c, WEFT_ERR_REMOTE, "rank %d: rank %d wrote %zu bytes into a %zu-byte receive",
-                     c->ctx->rank, c->peer, r->bytes, r->len);
+                     c->ctx->rank, c->peer, r->base.bytes, r->base.len);
         return;
     }
     if (r->bounce)
-        memcpy(r->buf, r->bounce->buf, r->bytes);
+        memcpy(r->base.buf, r->bounce->buf, r->base.bytes);
     c->rslot[seq % VB_FIFO] = NULL;
     req_finish(r, WEFT_OK);
     req_release(c->ctx, r);
@@ -420,14 +405,14 @@ static void on_recv(struct vb_qp *q, const struct ibv_wc *wc)
 
 static void on_send(struct vb_req *r, struct vb_qp *q, const struct ibv_wc *wc)
 {
-    struct vb_conn *c = r->conn;
+    struct vb_conn *c = req_conn(r);
     sq_retire(q);
     r->wrs--;
     if (wc->status != IBV_WC_SUCCESS) {
         wc_fail(c, wc, "a write");
-        req_finish(r, c->err);
+        req_finish(r, c->base.err);
     } else if (r->wrs == 0) {
-        req_finish(r, c->err != WEFT_OK ? c->err : WEFT_OK);
+        req_finish(r, c->base.err != WEFT_OK ? c->base.err : WEFT_OK);
     }
     req_release(c->ctx, r);
     vb_work_add(c);
@@ -450,7 +435,7 @@ static int poll_cq(struct vb_ctx *ctx)
                     wc_fail(q->conn, &wc[i], "a descriptor write");
             } else {
                 struct vb_req *r = WR_PTR(id);
-                on_send(r, &r->conn->qps[WR_QP(id)], &wc[i]);
+                on_send(r, &req_conn(r)->qps[WR_QP(id)], &wc[i]);
             }
         }
         total += n;
@@ -465,43 +450,22 @@ static int poll_cq(struct vb_ctx *ctx)
 
 /* ---- the vtable ------------------------------------------------------------------ */
 
-static weft_status_t post(void *vconn, void *buf, size_t bytes, bool is_send, void **out)
+static weft_status_t post(const char *what, struct vb_conn *c, void *buf, size_t bytes,
+                          bool is_send, void **out)
 {
-    struct vb_conn *c = vconn;
-    struct vb_ctx *ctx = c->ctx;
-    struct vb_req *r = req_get(ctx);
-    if (r == NULL)
-        return weft_error(ctx->err, WEFT_ERR_NO_MEMORY, "rank %d: verbs: out of memory", ctx->rank);
-    r->conn = c;
-    r->is_send = is_send;
-    r->buf = buf;
-    r->len = bytes;
-    *out = r;
-    if (c->err != WEFT_OK) {
-        r->status = c->err;
-        return WEFT_OK;
-    }
+    weft_status_t rc = weft_req_post(what, c, sizeof(struct vb_req), buf, bytes, out);
+    if (rc != WEFT_INPROGRESS)
+        return rc;
+    struct vb_req *r = *out;
+    r->base.bytes = 0; /* a send's is set when it is written; a receive counts what lands */
     if (c->peer_gone) {
-        vb_conn_fail(c, WEFT_ERR_REMOTE, "rank %d: rank %d closed its connection", ctx->rank,
+        vb_conn_fail(c, WEFT_ERR_REMOTE, "rank %d: rank %d closed its connection", c->ctx->rank,
                      c->peer);
-        r->status = c->err;
+        r->base.status = c->base.err;
         return WEFT_OK;
     }
-    if (is_send) {
-        r->seq = c->nsend++;
-        if (c->stail)
-            c->stail->next = r;
-        else
-            c->shead = r;
-        c->stail = r;
-    } else {
-        r->seq = c->nrecv++;
-        if (c->rtail)
-            c->rtail->next = r;
-        else
-            c->rhead = r;
-        c->rtail = r;
-    }
+    r->seq = is_send ? c->nsend++ : c->nrecv++;
+    weft_req_enqueue(is_send ? &c->sq : &c->rq, &r->base);
     if (c->state == VB_IDLE && vb_conn_start(c) != WEFT_OK)
         return WEFT_OK; /* the request carries the failure */
     vb_work_add(c);
@@ -511,35 +475,17 @@ static weft_status_t post(void *vconn, void *buf, size_t bytes, bool is_send, vo
 
 static weft_status_t vb_isend(void *conn, const void *buf, size_t bytes, void **req)
 {
-    return post(conn, (void *)buf, bytes, true, req);
+    return post("verbs isend", conn, (void *)buf, bytes, true, req);
 }
 
 static weft_status_t vb_irecv(void *conn, void *buf, size_t bytes, void **req)
 {
-    return post(conn, buf, bytes, false, req);
+    return post("verbs irecv", conn, buf, bytes, false, req);
 }
 
-static weft_status_t vb_test(void *vreq, int *done, size_t *bytes)
+static weft_status_t vb_test(void *req, int *done, size_t *bytes)
 {
-    struct vb_req *r = vreq;
-    if (r == NULL || done == NULL)
-        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG, "verbs test: NULL argument");
-    if (r->status == WEFT_INPROGRESS) {
-        *done = 0;
-        return WEFT_OK;
-    }
-    struct vb_conn *c = r->conn;
-    weft_status_t st = r->status;
-    size_t n = r->bytes;
-    r->returned = true;
-    req_release(c->ctx, r);
-    *done = 1;
-    if (st < 0)
-        return weft_error_quiet(c->ctx->err, st, "%s",
-                                c->err != WEFT_OK ? c->errmsg : c->ctx->fatalmsg);
-    if (bytes)
-        *bytes = n;
-    return WEFT_OK;
+    return weft_req_test("verbs", req, done, bytes, req_returned);
 }
 
 static weft_status_t vb_progress(void *vctx, int timeout_ms)
@@ -613,7 +559,7 @@ static void *waker_main(void *arg)
         void *cq_ctx;
         if (p[0].revents && ibv_get_cq_event(ctx->chan, &cq, &cq_ctx) == 0) {
             ibv_ack_cq_events(cq, 1);
-            ctx->wake_fn(ctx->wake_arg);
+            ctx->waker.fn(ctx->waker.fn_arg);
         }
     }
     return NULL;
@@ -622,13 +568,10 @@ static void *waker_main(void *arg)
 static weft_status_t vb_set_waker(void *vctx, void (*fn)(void *), void *arg)
 {
     struct vb_ctx *ctx = vctx;
-    ctx->wake_fn = fn;
-    ctx->wake_arg = arg;
-    int rc = pthread_create(&ctx->waker, NULL, waker_main, ctx);
+    int rc = weft_waker_start(&ctx->waker, waker_main, ctx, fn, arg);
     if (rc != 0)
         return weft_error(ctx->err, WEFT_ERR_SYSTEM, "rank %d: verbs: cannot start a thread: %s",
                           ctx->rank, strerror(rc));
-    ctx->waker_on = true;
     return WEFT_OK;
 }
 

@@ -2,7 +2,7 @@
  * verbs.h - private to the verbs transport: the wire formats (published
  * address, queue-pair info, immediate data), the request, connection and
  * context structs shared by the data path (verbs.c), the setup
- * (verbs_setup.c) and the registration cache (regcache.c).
+ * (verbs_setup.c) and memory registration (verbs_mem.c).
  *
  * Protocol, per connection (one set of RC queue pairs per peer, both
  * directions): the receiver of message k writes a descriptor {addr, len,
@@ -25,6 +25,8 @@
 
 #include "base/auth.h"
 #include "transports/transport.h"
+#include "transports/util/regcache.h"
+#include "transports/util/util.h"
 
 #define VB_FIFO 32                 /* messages described at once per direction */
 #define VB_MAX_QPS 8               /* WEFT_IB_QPS_PER_CONNECTION upper bound */
@@ -36,7 +38,6 @@
 #define VB_ERRMSG_LEN 384
 #define VB_ADDR_MAGIC 0x31425657u  /* "WVB1" */
 #define VB_INFO_MAGIC 0x31515657u  /* "WVQ1" */
-#define VB_REQ_SLAB 64
 #define VB_FAILED_BYTE 0x46        /* "F" on the tcp watch: the sender failed the connection */
 
 /* Immediate data: kind in bits 31-30, stripes - 1 in 29-24, seq in 23-0. */
@@ -98,54 +99,21 @@ struct rdma_cm_id;
 struct rdma_event_channel;
 
 /*
- * A registered range.  Owner: the cache (ctx->rc), which keeps entries
- * sorted by start; refs counts requests and user registrations holding it
- * (an entry with refs > 0 is never evicted); pinned entries (from
- * weft_mem_register) stay until deregistered.
- */
-struct vb_mr {
-    uintptr_t start, end;  /* page aligned, end exclusive */
-    struct ibv_mr *mr;
-    uint32_t refs;
-    uint64_t tick;         /* last use, for LRU */
-};
-
-struct vb_regcache {
-    struct vb_mr **v;      /* (cap) sorted by start */
-    size_t n, cap;
-    size_t bytes, max_bytes;
-    uint64_t tick;
-    uint64_t hits, misses, evictions;
-};
-
-/* A registered buffer of the bounce pool (size a power of two). */
-struct vb_bounce {
-    struct vb_bounce *next;
-    size_t size;
-    char *buf;
-    struct ibv_mr *mr;
-};
-
-/*
- * One isend or irecv.  Owner: the transport (ctx's free list); the caller
- * borrows it until test() says done.  `wrs` counts the work requests of
- * this request whose completion is still due: a request is recycled only
- * when it has been returned to the caller AND wrs is 0, so a late
- * completion never touches a recycled request.
+ * One isend or irecv.  Owner: ctx's request pool; the caller borrows it
+ * until test() says done.  `wrs` counts the work requests of this request
+ * whose completion is still due: a request is recycled only when it has
+ * been returned to the caller AND wrs is 0, so a late completion never
+ * touches a recycled request.  base.bytes: send, the message's bytes;
+ * recv, the bytes landed.
  */
 struct vb_req {
-    struct vb_req *next;        /* conn queue or free list */
-    struct vb_conn *conn;
-    bool is_send, returned;
-    char *buf;
-    size_t len;                 /* bytes posted */
-    size_t bytes;               /* send: message bytes; recv: bytes landed */
+    struct weft_req base;       /* its conn, buffer, posted length, status */
+    bool returned;
     uint32_t seq;               /* message number in its direction */
     uint32_t stripes, got;      /* recv: stripes announced, stripes landed */
     uint32_t wrs;               /* completions still due */
-    weft_status_t status;
-    struct vb_mr *mr;           /* cache entry holding buf, or NULL */
-    struct vb_bounce *bounce;   /* bounce buffer in use, or NULL */
+    struct weft_rc_entry *mr;   /* cache entry holding buf, or NULL */
+    struct weft_bounce *bounce; /* bounce buffer in use, or NULL */
 } __attribute__((aligned(64))); /* its address is a work request id */
 
 struct vb_qp {
@@ -169,6 +137,7 @@ enum { VB_PH_INFO, VB_PH_READY, VB_PH_WATCH };
  * peer has written into our FIFO, `rdesc` those we wrote into the peer's.
  */
 struct vb_conn {
+    struct weft_conn base;           /* failure record */
     struct vb_ctx *ctx;
     int peer;
     int state;
@@ -190,25 +159,18 @@ struct vb_conn {
     uint64_t peer_fifo;
     uint32_t peer_fifo_rkey;
     /* sends */
-    struct vb_req *shead, *stail;    /* posted, not yet written */
+    struct weft_req_queue sq;        /* posted, not yet written (struct vb_req) */
     uint32_t nsend;                  /* sends posted */
     uint32_t sdesc;                  /* descriptors arrived */
     bool desc_seen[VB_FIFO];         /* slot holds an unread descriptor */
     /* receives */
-    struct vb_req *rhead, *rtail;    /* posted, not yet described */
+    struct weft_req_queue rq;        /* posted, not yet described (struct vb_req) */
     uint32_t nrecv;                  /* receives posted */
     uint32_t rdesc;                  /* descriptors written */
     struct vb_req *rslot[VB_FIFO];   /* described receives, by seq % VB_FIFO */
-    weft_status_t err;
-    char errmsg[VB_ERRMSG_LEN];
     struct vb_conn *next_work;       /* ctx work list: something to move */
     struct vb_conn *next_setup;      /* ctx setup list: exchange in flight */
     bool on_work, on_setup;
-};
-
-struct vb_slab {
-    struct vb_slab *next;
-    struct vb_req reqs[VB_REQ_SLAB];
 };
 
 /*
@@ -242,20 +204,14 @@ struct vb_ctx {
     struct vb_conn *work;           /* conns with something to do */
     struct vb_conn *setup;          /* conns whose exchange is in flight */
     uint64_t next_sweep;            /* ns: next look at every conn's out-of-band receive */
-    struct vb_req *free_reqs;
-    struct vb_slab *slabs;
-    struct vb_regcache rc;
-    struct vb_bounce *bounce_free;
-    size_t bounce_cached, bounce_max;
+    struct weft_req_pool reqs;      /* of struct vb_req */
+    struct weft_regcache rc;        /* registers with pd (verbs_mem.c) */
     struct ibv_mr *fifo_mr;
     char *fifo_mem;                 /* (nranks * VB_FIFO) descriptors, registered once */
     weft_status_t fatal;            /* set by a fatal async event */
     char fatalmsg[VB_ERRMSG_LEN];
-    pthread_t waker;
-    bool waker_on;
+    struct weft_waker waker;
     int stopfd;                     /* eventfd: ends the waker */
-    void (*wake_fn)(void *);
-    void *wake_arg;
 };
 
 /* ---- verbs.c ------------------------------------------------------------------ */
@@ -275,14 +231,12 @@ weft_status_t vb_qpinfo_check(const struct vb_qpinfo *q, size_t n, int nqps, boo
                               size_t whylen) WEFT_HIDDEN;
 /* Reads one async event if any; a fatal one fails the context. */
 void vb_async_drain(struct vb_ctx *ctx) WEFT_HIDDEN;
-weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void *addr,
-                      size_t *addrlen) WEFT_HIDDEN;
-weft_status_t vb_connect(void *vctx, int peer, const void *addr, size_t addrlen,
-                         void **vconn) WEFT_HIDDEN;
+weft_tp_init_fn vb_init WEFT_HIDDEN;
+weft_tp_connect_fn vb_connect WEFT_HIDDEN;
 /* The descriptor's bind_oob: before connect(peer), the tcp connection to
  * that peer, which carries the queue pair exchange. */
 void vb_bind_oob(void *vctx, int peer, void *oob_conn) WEFT_HIDDEN;
-void vb_finalize(void *vctx) WEFT_HIDDEN;
+weft_tp_finalize_fn vb_finalize WEFT_HIDDEN;
 
 /* Our queue pairs are up and the peer's info is here: say ready. */
 void vb_conn_try_ready(struct vb_conn *c) WEFT_HIDDEN;
@@ -313,18 +267,18 @@ struct vb_cm_req {
 void vb_cm_proof(const uint8_t *secret, const uint8_t *nonce, uint32_t rank, uint32_t qp,
                  uint8_t out[32]) WEFT_HIDDEN;
 
-/* ---- regcache.c --------------------------------------------------------------- */
-/* The entry covering [buf, buf + len), registering it when absent (and
- * `any` or it lies in a pinned range); takes a reference.  NULL: not
- * registered (the caller bounces). */
-struct vb_mr *vb_rc_get(struct vb_ctx *ctx, const void *buf, size_t len, bool any) WEFT_HIDDEN;
-void vb_rc_put(struct vb_ctx *ctx, struct vb_mr *m) WEFT_HIDDEN;
-/* weft_mem_register: a pinned entry (refs held until dereg). */
+/* ---- verbs_mem.c --------------------------------------------------------------- */
+/* Makes ctx->rc register with ctx->pd (read at each registration, the
+ * first of which comes after init). */
+void vb_mem_init(struct vb_ctx *ctx) WEFT_HIDDEN;
+/* The verbs registration behind a cache entry's or bounce buffer's handle. */
+static inline struct ibv_mr *vb_mr(void *handle)
+{
+    return handle;
+}
+/* weft_mem_register: a pinned entry of ctx->rc (its handle is the entry). */
 weft_status_t vb_reg_mem(void *vctx, void *buf, size_t bytes, void **mh) WEFT_HIDDEN;
 weft_status_t vb_dereg_mem(void *vctx, void *mh) WEFT_HIDDEN;
-void vb_rc_fini(struct vb_ctx *ctx) WEFT_HIDDEN;
-struct vb_bounce *vb_bounce_get(struct vb_ctx *ctx, size_t bytes) WEFT_HIDDEN;
-void vb_bounce_put(struct vb_ctx *ctx, struct vb_bounce *b) WEFT_HIDDEN;
 
 /* ---- the registry's view (verbs.c, verbs_desc.c) ------------------------------- */
 extern const struct weft_transport_ops weft_verbs_ops WEFT_HIDDEN;

@@ -234,7 +234,7 @@ void vb_cm_drain(struct vb_ctx *ctx)
             case RDMA_CM_EVENT_DISCONNECTED:
                 /* The watch says whether the peer left or failed; a
                  * disconnect with work pending is a failure either way. */
-                if (c->shead || c->rhead || c->state != VB_READY)
+                if (c->sq.head || c->rq.head || c->state != VB_READY)
                     cm_fail(c, q->index, rdma_event_str(ev->event), ev->status);
                 break;
             default:

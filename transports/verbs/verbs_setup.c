@@ -191,7 +191,7 @@ weft_status_t vb_conn_start(struct vb_conn *c)
 void vb_conn_try_ready(struct vb_conn *c)
 {
     struct vb_ctx *ctx = c->ctx;
-    if (c->ready_sent || !c->got_info || c->nup < c->nqps || c->err != WEFT_OK)
+    if (c->ready_sent || !c->got_info || c->nup < c->nqps || c->base.err != WEFT_OK)
         return;
     const struct vb_qpinfo *t = &c->theirs;
     c->peer_fifo = le64toh(t->fifo_addr);
@@ -267,7 +267,7 @@ static weft_status_t conn_join(struct vb_conn *c)
 
 static bool conn_pending(const struct vb_conn *c)
 {
-    if (c->shead || c->rhead)
+    if (c->sq.head || c->rq.head)
         return true;
     for (int i = 0; i < VB_FIFO; i++)
         if (c->rslot[i])
@@ -560,8 +560,6 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
     ctx->oob_ctx = args->oob_ctx;
     ctx->stopfd = -1;
     ctx->max_inline = VB_INLINE;
-    ctx->bounce_max = 64u << 20;
-    ctx->rc.max_bytes = (size_t)1 << 40;
     ctx->regcache_all = weft_param_int("WEFT_IB_REGCACHE") != 0;
     weft_status_t st = WEFT_OK;
     if (param_in("WEFT_IB_QPS_PER_CONNECTION", 1, VB_MAX_QPS, &ctx->nqps, err) ||
@@ -614,6 +612,7 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
         if (ibv_query_gid(ctx->dev, (uint8_t)ctx->port, 0, &g) == 0)
             memcpy(ctx->me.gid, g.raw, 16);
     }
+    weft_req_pool_init(&ctx->reqs, "verbs", err, ctx->rank);
     ctx->conns = calloc((size_t)ctx->nranks, sizeof(*ctx->conns));
     ctx->oob_conn = calloc((size_t)ctx->nranks, sizeof(*ctx->oob_conn));
     size_t fifo_bytes = (size_t)ctx->nranks * VB_FIFO * sizeof(struct vb_desc);
@@ -623,6 +622,7 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
         goto fail;
     }
     memset(ctx->fifo_mem, 0, fifo_bytes);
+    vb_mem_init(ctx);
     ctx->pd = ibv_alloc_pd(ctx->dev);
     ctx->chan = ctx->pd ? ibv_create_comp_channel(ctx->dev) : NULL;
     ctx->cq = ctx->chan ? ibv_create_cq(ctx->dev, VB_CQ_DEPTH, ctx, ctx->chan, 0) : NULL;
@@ -686,6 +686,7 @@ weft_status_t vb_connect(void *vctx, int peer, const void *addr, size_t addrlen,
     if (c == NULL)
         return weft_error(ctx->err, WEFT_ERR_NO_MEMORY, "verbs: out of memory");
     memset(c, 0, sizeof(*c));
+    c->base.reqs = &ctx->reqs;
     c->ctx = ctx;
     c->peer = peer;
     c->oob = ctx->oob_conn[peer];
@@ -713,7 +714,7 @@ static void say_bye(struct vb_ctx *ctx)
     int left = 0;
     for (int p = 0; req && p < ctx->nranks; p++) {
         struct vb_conn *c = ctx->conns[p];
-        if (c && c->phase == VB_PH_WATCH && c->err == WEFT_OK && !c->peer_gone &&
+        if (c && c->phase == VB_PH_WATCH && c->base.err == WEFT_OK && !c->peer_gone &&
             ctx->oob_ops->isend(c->oob, &bye, 1, &req[p]) == WEFT_OK)
             left++;
     }
@@ -738,11 +739,11 @@ void vb_finalize(void *vctx)
         return;
     if (ctx->conns && ctx->oob_ctx)
         say_bye(ctx);
-    if (ctx->waker_on) {
+    if (ctx->waker.on) {
         uint64_t one = 1;
         if (write(ctx->stopfd, &one, sizeof(one)) < 0)
             WEFT_WARN(WEFT_SUB_NET, "verbs: cannot stop the waker: %s", strerror(errno));
-        pthread_join(ctx->waker, NULL);
+        pthread_join(ctx->waker.thread, NULL);
     }
     for (int p = 0; ctx->conns && p < ctx->nranks; p++) {
         struct vb_conn *c = ctx->conns[p];
@@ -756,12 +757,8 @@ void vb_finalize(void *vctx)
         }
         free(c);
     }
-    vb_rc_fini(ctx);
-    while (ctx->slabs) {
-        struct vb_slab *s = ctx->slabs;
-        ctx->slabs = s->next;
-        free(s);
-    }
+    weft_regcache_fini(&ctx->rc);
+    weft_req_pool_fini(&ctx->reqs);
     if (ctx->fifo_mr)
         ibv_dereg_mr(ctx->fifo_mr);
     if (ctx->cq)
