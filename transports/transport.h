@@ -102,6 +102,21 @@ struct weft_transport_ops {
     void (*sleep_end)(void *ctx);
 };
 
+/* A vtable from functions named <prefix>_<op>: the nine every transport
+ * has, then the optional ones it adds (designated initializers), e.g.
+ * WEFT_TRANSPORT_OPS("shm", shm, .ready = shm_ready). */
+#define WEFT_TRANSPORT_OPS(tname, prefix, ...)                                             \
+    {                                                                                      \
+        .name = tname, .init = prefix##_init, .connect = prefix##_connect,                 \
+        .isend = prefix##_isend, .irecv = prefix##_irecv, .test = prefix##_test,           \
+        .progress = prefix##_progress, .wakeup = prefix##_wakeup, .abort = prefix##_abort, \
+        .finalize = prefix##_finalize, __VA_ARGS__                                         \
+    }
+/* The three a transport that does not sleep itself gives together. */
+#define WEFT_TRANSPORT_SLEEPER(prefix)                                                     \
+    .set_waker = prefix##_set_waker, .sleep_begin = prefix##_sleep_begin,                  \
+    .sleep_end = prefix##_sleep_end
+
 /* What the link table knows of a pair of ranks; a transport's reach may
  * depend on nothing else, so the table stays O(n) for n ranks. */
 struct weft_transport_pair {
@@ -148,6 +163,7 @@ struct weft_transport_desc {
      * (weft_param_register in its init), since tests call init directly. */
     const struct weft_param_desc *params;
     size_t nparams;
+#define WEFT_TRANSPORT_PARAMS(table) .params = (table), .nparams = WEFT_ARRAY_SIZE(table)
     /* Optional: before connect(peer), the base transport's connection to
      * that peer, for the transport's own setup (verbs' queue pair
      * exchange).  init then gets oob_ops/oob_ctx. */

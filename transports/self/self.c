@@ -214,21 +214,8 @@ static void self_sleep_end(void *vctx)
     (void)vctx;
 }
 
-static const struct weft_transport_ops self_ops = {
-    .name = "self",
-    .init = self_init,
-    .connect = self_connect,
-    .isend = self_isend,
-    .irecv = self_irecv,
-    .test = self_test,
-    .progress = self_progress,
-    .wakeup = self_wakeup,
-    .abort = self_abort,
-    .finalize = self_finalize,
-    .set_waker = self_set_waker,
-    .sleep_begin = self_sleep_begin,
-    .sleep_end = self_sleep_end,
-};
+static const struct weft_transport_ops self_ops = WEFT_TRANSPORT_OPS("self", self,
+    WEFT_TRANSPORT_SLEEPER(self));
 
 static bool self_can_reach(const struct weft_transport_pair *pair)
 {

@@ -574,22 +574,7 @@ void weft_shm_get_stats(void *vctx, struct weft_shm_stats *out)
     *out = ctx->stats;
 }
 
-const struct weft_transport_ops weft_shm_ops = {
-    .name = "shm",
-    .init = shm_init,
-    .connect = shm_connect,
+const struct weft_transport_ops weft_shm_ops = WEFT_TRANSPORT_OPS("shm", shm,
     .ready = shm_ready,
-    .reg_mem = NULL,
-    .dereg_mem = NULL,
-    .isend = shm_isend,
-    .irecv = shm_irecv,
     .irecv_take = shm_irecv_take,
-    .test = shm_test,
-    .progress = shm_progress,
-    .wakeup = shm_wakeup,
-    .abort = shm_abort,
-    .finalize = shm_finalize,
-    .set_waker = shm_set_waker,
-    .sleep_begin = shm_sleep_begin,
-    .sleep_end = shm_sleep_end,
-};
+    WEFT_TRANSPORT_SLEEPER(shm));

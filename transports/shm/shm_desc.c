@@ -61,7 +61,7 @@ const struct weft_transport_desc weft_shm_desc = {
     .name = "shm", .priority = 10,
     .can_reach = shm_can_reach,
     .alpha = 0.5e-6, .beta = 1.0 / 12e9,
-    .params = shm_params, .nparams = WEFT_ARRAY_SIZE(shm_params),
+    WEFT_TRANSPORT_PARAMS(shm_params),
     .status = shm_status,
     .ops = &weft_shm_ops,
 };

@@ -498,18 +498,4 @@ static void tcp_wakeup(void *vctx)
         ;
 }
 
-const struct weft_transport_ops weft_tcp_ops = {
-    .name = "tcp",
-    .init = tcp_init,
-    .connect = tcp_connect,
-    .ready = NULL,
-    .reg_mem = NULL,
-    .dereg_mem = NULL,
-    .isend = tcp_isend,
-    .irecv = tcp_irecv,
-    .test = tcp_test,
-    .progress = tcp_progress,
-    .wakeup = tcp_wakeup,
-    .abort = tcp_abort,
-    .finalize = tcp_finalize,
-};
+const struct weft_transport_ops weft_tcp_ops = WEFT_TRANSPORT_OPS("tcp", tcp);

@@ -33,7 +33,7 @@ const struct weft_transport_desc weft_tcp_desc = {
     .name = "tcp", .flags = WEFT_TP_BASE, .priority = 30,
     .can_reach = tcp_can_reach,
     .alpha = 12e-6, .beta = 1.0 / 1.75e9,
-    .params = tcp_params, .nparams = WEFT_ARRAY_SIZE(tcp_params),
+    WEFT_TRANSPORT_PARAMS(tcp_params),
     .status = tcp_status,
     .ops = &weft_tcp_ops,
 };

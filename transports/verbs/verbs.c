@@ -592,20 +592,7 @@ static void vb_sleep_end(void *vctx)
     (void)vctx;
 }
 
-const struct weft_transport_ops weft_verbs_ops = {
-    .name = "verbs",
-    .init = vb_init,
-    .connect = vb_connect,
+const struct weft_transport_ops weft_verbs_ops = WEFT_TRANSPORT_OPS("verbs", vb,
     .reg_mem = vb_reg_mem,
     .dereg_mem = vb_dereg_mem,
-    .isend = vb_isend,
-    .irecv = vb_irecv,
-    .test = vb_test,
-    .progress = vb_progress,
-    .wakeup = vb_wakeup,
-    .abort = vb_abort,
-    .finalize = vb_finalize,
-    .set_waker = vb_set_waker,
-    .sleep_begin = vb_sleep_begin,
-    .sleep_end = vb_sleep_end,
-};
+    WEFT_TRANSPORT_SLEEPER(vb));

@@ -50,9 +50,13 @@ static void verbs_status(FILE *out)
             ndev += e->d_name[0] != '.';
         closedir(d);
     }
-    fprintf(out, "  verbs no: weft has no verbs transport yet (libibverbs %s at configure; %d RDMA "
-            "device%s in /sys/class/infiniband)\n",
-            built ? "found" : "not found", ndev, ndev == 1 ? "" : "s");
+    if (!built)
+        fprintf(out, "  verbs no: libibverbs was not found at configure\n");
+    else if (ndev == 0)
+        fprintf(out, "  verbs no: no RDMA device in /sys/class/infiniband\n");
+    else
+        fprintf(out, "  verbs yes: %d RDMA device%s in /sys/class/infiniband (used between hosts "
+                "when every rank has an active port)\n", ndev, ndev == 1 ? "" : "s");
 }
 
 /* An RC write with immediate, one switch hop; 100 Gbit/s. */
@@ -60,7 +64,7 @@ const struct weft_transport_desc weft_verbs_desc = {
     .name = "verbs", .flags = WEFT_TP_ALL_RANKS, .priority = 20,
     .can_reach = verbs_can_reach,
     .alpha = 3e-6, .beta = 1.0 / 12e9,
-    .params = verbs_params, .nparams = WEFT_ARRAY_SIZE(verbs_params),
+    WEFT_TRANSPORT_PARAMS(verbs_params),
     .status = verbs_status,
 #ifdef HAVE_VERBS
     .bind_oob = vb_bind_oob,
