@@ -4,141 +4,96 @@
  * completes both inside whichever call comes second; no thread, nothing
  * on the wire.  Collective schedules copy locally instead (COPY steps).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "transports/transport.h"
+#include "transports/util/util.h"
 
-/* A posted send or receive.  Owner: the context, which frees them all at
- * finalize; test() returns a finished one to the free list. */
-struct self_req {
-    struct self_req *next; /* the queue it waits in, or the free list */
-    struct self_req *all;  /* every request of the context */
-    struct self_ctx *ctx;
-    void *buf;             /* borrowed: the caller's (a send's is only read) */
-    size_t bytes;          /* posted length */
-    size_t got;            /* bytes moved, once done */
-    weft_status_t status;
-    bool done;
-};
+/* A request is util's head alone: buf, len and bytes say all it needs. */
 
-struct self_queue {
-    struct self_req *head, *tail;
-};
-
-/* One per communicator; its only connection is itself.  Unmatched sends
- * and receives wait in order; one of the two queues is always empty. */
+/* One per communicator; its only connection is itself (conn, the handle
+ * connect gives).  Unmatched sends and receives wait in order; one of the
+ * two queues is always empty between calls. */
 struct self_ctx {
+    struct weft_conn conn;
+    struct weft_req_pool reqs;   /* reused: none allocated after warm-up */
     struct weft_errsink *err;
-    int rank;
-    struct self_queue sends, recvs;
-    struct self_req *free;    /* finished requests, reused: none allocated after warm-up */
-    struct self_req *all;
-    weft_status_t failed;     /* abort's status; WEFT_OK while usable */
+    int rank, nranks;
+    struct weft_req_queue sends, recvs;
 };
 
-static void push(struct self_queue *q, struct self_req *r)
+/* Failing the conn (a message too long, or abort) fails what waits; every
+ * later post fails with it (weft_req_post). */
+static void conn_close(struct weft_conn *c, weft_status_t status)
 {
-    r->next = NULL;
-    if (q->tail)
-        q->tail->next = r;
-    else
-        q->head = r;
-    q->tail = r;
+    struct self_ctx *ctx = (struct self_ctx *)c;
+    weft_req_queue_fail(&ctx->sends, status);
+    weft_req_queue_fail(&ctx->recvs, status);
 }
 
-static struct self_req *pop(struct self_queue *q)
+static void self_fail(struct self_ctx *ctx, const char *fmt, ...) WEFT_PRINTF(2, 3);
+static void self_fail(struct self_ctx *ctx, const char *fmt, ...)
 {
-    struct self_req *r = q->head;
-    if (r && (q->head = r->next) == NULL)
-        q->tail = NULL;
-    return r;
+    va_list ap;
+    va_start(ap, fmt);
+    weft_conn_vfail(&ctx->conn, conn_close, WEFT_ERR_REMOTE, fmt, ap);
+    va_end(ap);
 }
 
-static void finish(struct self_req *r, weft_status_t status, size_t got)
+/* Moves the oldest send into the oldest receive, if both are posted; a
+ * message longer than the receive fails the conn, as on any transport. */
+static void match(struct self_ctx *ctx)
 {
-    r->status = status;
-    r->got = got;
-    r->done = true;
-}
-
-/* Moves snd into rcv; a message longer than the receive fails both. */
-static void deliver(struct self_ctx *ctx, struct self_req *snd, struct self_req *rcv)
-{
-    if (snd->bytes > rcv->bytes) {
-        weft_status_t st = weft_error(ctx->err, WEFT_ERR_INVALID_ARG,
-                                      "rank %d: a send to self of %zu bytes met a receive of "
-                                      "%zu bytes",
-                                      ctx->rank, snd->bytes, rcv->bytes);
-        finish(snd, st, 0);
-        finish(rcv, st, 0);
+    struct weft_req *snd = ctx->sends.head, *rcv = ctx->recvs.head;
+    if (snd == NULL || rcv == NULL)
+        return;
+    if (snd->len > rcv->len) {
+        self_fail(ctx, "rank %d: sent itself %zu bytes but the receive posted holds %zu",
+                  ctx->rank, snd->len, rcv->len);
         return;
     }
-    if (snd->bytes > 0)
-        memcpy(rcv->buf, snd->buf, snd->bytes);
-    finish(snd, WEFT_OK, snd->bytes);
-    finish(rcv, WEFT_OK, snd->bytes);
+    if (snd->len > 0)
+        memcpy(rcv->buf, snd->buf, snd->len);
+    rcv->bytes = snd->len;
+    weft_req_complete(&ctx->sends, WEFT_OK);
+    weft_req_complete(&ctx->recvs, WEFT_OK);
 }
 
-/* Posts one side: matched at once with the oldest of the other side, or
- * queued behind its own. */
-static weft_status_t post(struct self_ctx *ctx, void *buf, size_t bytes, bool send, void **out)
+static weft_status_t post(const char *what, struct self_ctx *ctx, bool send, void *buf,
+                          size_t bytes, void **out)
 {
-    if (ctx->failed != WEFT_OK)
-        return ctx->failed;
-    struct self_req *r = ctx->free;
-    if (r) {
-        ctx->free = r->next;
-    } else {
-        if ((r = malloc(sizeof(*r))) == NULL)
-            return weft_error(ctx->err, WEFT_ERR_NO_MEMORY, "self: out of memory");
-        r->all = ctx->all;
-        ctx->all = r;
-    }
-    *r = (struct self_req){.all = r->all, .ctx = ctx, .buf = buf, .bytes = bytes};
-    struct self_req *other = pop(send ? &ctx->recvs : &ctx->sends);
-    if (other)
-        deliver(ctx, send ? r : other, send ? other : r);
-    else
-        push(send ? &ctx->sends : &ctx->recvs, r);
-    *out = r;
+    weft_status_t st = weft_req_post(what, ctx, sizeof(struct weft_req), buf, bytes, out);
+    if (st != WEFT_INPROGRESS)
+        return st;
+    weft_req_enqueue(send ? &ctx->sends : &ctx->recvs, *out);
+    match(ctx);
     return WEFT_OK;
 }
 
 static weft_status_t self_isend(void *conn, const void *buf, size_t bytes, void **req)
 {
-    return post(conn, (void *)buf, bytes, true, req);
+    return post("self isend", conn, true, (void *)buf, bytes, req);
 }
 
 static weft_status_t self_irecv(void *conn, void *buf, size_t bytes, void **req)
 {
-    return post(conn, buf, bytes, false, req);
+    return post("self irecv", conn, false, buf, bytes, req);
 }
 
 static weft_status_t self_test(void *req, int *done, size_t *bytes)
 {
-    struct self_req *r = req;
-    if (!r->done) {
-        *done = 0;
-        return WEFT_OK;
-    }
-    *done = 1;
-    if (bytes)
-        *bytes = r->got;
-    r->next = r->ctx->free;
-    r->ctx->free = r;
-    return r->status;
+    return weft_req_test("self", req, done, bytes, weft_req_put);
 }
 
 static weft_status_t self_init(const struct weft_transport_init *args, void **vctx, void *addr,
                                size_t *addrlen)
 {
     (void)addr;
-    struct self_ctx *ctx = calloc(1, sizeof(*ctx));
-    if (ctx == NULL)
-        return weft_error(args->err, WEFT_ERR_NO_MEMORY, "self: out of memory");
-    ctx->err = args->err;
-    ctx->rank = args->rank;
+    struct self_ctx *ctx;
+    WEFT_TP_CTX_NEW(ctx, args, "self");
+    ctx->conn.reqs = &ctx->reqs;
     *addrlen = 0; /* it reaches no other rank: nothing to publish */
     *vctx = ctx;
     return WEFT_OK;
@@ -153,7 +108,7 @@ static weft_status_t self_connect(void *vctx, int peer, const void *addr, size_t
     if (peer != ctx->rank)
         return weft_error(ctx->err, WEFT_ERR_INTERNAL, "self: rank %d asked to reach rank %d",
                           ctx->rank, peer);
-    *conn = ctx;
+    *conn = &ctx->conn;
     return WEFT_OK;
 }
 
@@ -169,16 +124,10 @@ static void self_wakeup(void *vctx)
     (void)vctx;
 }
 
-/* Fails what waits and every later post. */
 static void self_abort(void *vctx, weft_status_t status, const char *why)
 {
-    (void)why;
     struct self_ctx *ctx = vctx;
-    ctx->failed = status;
-    for (struct self_req *r; (r = pop(&ctx->sends)) != NULL;)
-        finish(r, status, 0);
-    for (struct self_req *r; (r = pop(&ctx->recvs)) != NULL;)
-        finish(r, status, 0);
+    weft_conn_abort(&ctx->conn, conn_close, status, why);
 }
 
 static void self_finalize(void *vctx)
@@ -186,11 +135,7 @@ static void self_finalize(void *vctx)
     struct self_ctx *ctx = vctx;
     if (ctx == NULL)
         return;
-    while (ctx->all) {
-        struct self_req *r = ctx->all;
-        ctx->all = r->all;
-        free(r);
-    }
+    weft_req_pool_fini(&ctx->reqs);
     free(ctx);
 }
 

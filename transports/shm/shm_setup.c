@@ -234,13 +234,9 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
     if (dir == NULL || *dir == '\0')
         dir = SHM_DEFAULT_DIR;
 
-    struct shm_ctx *ctx = calloc(1, sizeof(*ctx));
-    if (ctx == NULL)
-        return weft_error(args->err, WEFT_ERR_NO_MEMORY, "shm init: out of memory");
+    struct shm_ctx *ctx;
+    WEFT_TP_CTX_NEW(ctx, args, "shm");
     weft_status_t st;
-    ctx->err = args->err;
-    ctx->rank = args->rank;
-    ctx->nranks = args->nranks;
     ctx->ngroup = args->group ? args->ngroup : args->nranks;
     if (args->group) {
         ctx->group = malloc((size_t)args->ngroup * sizeof(*ctx->group));
@@ -274,7 +270,6 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
         goto fail;
     }
     ctx->seg_bytes = hdr + (size_t)(ctx->ngroup - 1) * ctx->ring_bytes;
-    weft_req_pool_init(&ctx->reqs, "shm", args->err, args->rank);
     ctx->conns = calloc((size_t)args->nranks, sizeof(*ctx->conns));
     if (ctx->conns == NULL) {
         st = weft_error(args->err, WEFT_ERR_NO_MEMORY, "shm init: out of memory");
@@ -400,9 +395,7 @@ weft_status_t shm_connect(void *vctx, int peer, const void *addr, size_t addrlen
                           void **vconn)
 {
     struct shm_ctx *ctx = vctx;
-    if (ctx == NULL || addr == NULL || vconn == NULL)
-        return weft_error_quiet(ctx ? ctx->err : NULL, WEFT_ERR_INVALID_ARG,
-                                "shm connect: NULL argument");
+    WEFT_TP_CONNECT_CHECK(ctx, addr, vconn, "shm");
     if (peer < 0 || peer >= ctx->nranks || peer == ctx->rank || group_pos(ctx, peer) < 0)
         return weft_error_quiet(ctx->err, WEFT_ERR_INVALID_ARG,
                                 "rank %d: shm connect to rank %d: not a peer on this host (0..%d)",

@@ -241,20 +241,15 @@ weft_status_t tcp_init(const struct weft_transport_init *args, void **vctx, void
         return weft_error(args->err, WEFT_ERR_INVALID_ARG,
                           "WEFT_SOCKET_BUFSIZE=%lld is out of range (0..1G)", (long long)bufsize);
 
-    struct tcp_ctx *ctx = calloc(1, sizeof(*ctx));
-    if (ctx == NULL)
-        return weft_error(args->err, WEFT_ERR_NO_MEMORY, "tcp init: out of memory");
+    struct tcp_ctx *ctx;
+    WEFT_TP_CTX_NEW(ctx, args, "tcp");
     weft_status_t st;
-    ctx->err = args->err;
-    ctx->rank = args->rank;
-    ctx->nranks = args->nranks;
     ctx->nstreams = (int)nstreams;
     ctx->bufsize = (int)bufsize;
     ctx->job = args->job;
     ctx->timeout_ns = args->timeout_ns;
     memcpy(ctx->secret, args->secret, WEFT_SECRET_BYTES);
     ctx->lfd = ctx->efd = -1;
-    weft_req_pool_init(&ctx->reqs, "tcp", args->err, args->rank);
     ctx->conns = calloc((size_t)args->nranks, sizeof(*ctx->conns));
     ctx->pcap = 64;
     ctx->pfd = malloc(ctx->pcap * sizeof(*ctx->pfd));
@@ -315,9 +310,7 @@ weft_status_t tcp_connect(void *vctx, int peer, const void *addr, size_t addrlen
                           void **vconn)
 {
     struct tcp_ctx *ctx = vctx;
-    if (ctx == NULL || addr == NULL || vconn == NULL)
-        return weft_error_quiet(ctx ? ctx->err : NULL, WEFT_ERR_INVALID_ARG,
-                                "tcp connect: NULL argument");
+    WEFT_TP_CONNECT_CHECK(ctx, addr, vconn, "tcp");
     if (peer < 0 || peer >= ctx->nranks || peer == ctx->rank)
         return weft_error_quiet(ctx->err, WEFT_ERR_INVALID_ARG,
                                 "rank %d: tcp connect to rank %d: not a peer in 0..%d", ctx->rank,

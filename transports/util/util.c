@@ -1,14 +1,23 @@
 /*
- * util.c - the slow side of util.h: a slab of requests when a pool runs
- * dry, a connection's first failure, and starting a waker thread.
+ * util.c - the slow side of util.h: a new context, a slab of requests
+ * when a pool runs dry, a connection's first failure, and starting a waker thread.
  */
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "transports/transport.h"
 #include "transports/util/util.h"
 
 #define REQ_SLAB 64    /* requests per slab */
 #define SLAB_ALIGN 64  /* verbs uses a request's address, low bits clear, as a work request id */
+
+void *weft_tp_ctx_alloc(const struct weft_transport_init *args, size_t size, const char *tname)
+{
+    void *ctx = calloc(1, size);
+    if (ctx == NULL)
+        weft_error(args->err, WEFT_ERR_NO_MEMORY, "%s init: out of memory", tname);
+    return ctx;
+}
 
 bool weft_req_pool_grow(struct weft_req_pool *p, size_t size)
 {

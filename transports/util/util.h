@@ -31,6 +31,35 @@ typedef weft_status_t weft_tp_connect_fn(void *ctx, int peer, const void *addr, 
 typedef void weft_tp_finalize_fn(void *ctx);
 
 /*
+ * The start of every init: allocates the transport's context (`size`
+ * bytes, zeroed).  NULL when there is no memory, recorded in args->err as
+ * "shm init: out of memory".
+ */
+void *weft_tp_ctx_alloc(const struct weft_transport_init *args, size_t size, const char *tname)
+    WEFT_HIDDEN;
+/* The same for a context struct with the fields err, rank, nranks and reqs
+ * (its request pool), filled from args; returns WEFT_ERR_NO_MEMORY from
+ * the calling init when there is no memory. */
+#define WEFT_TP_CTX_NEW(ctx, args, tname)                                             \
+    do {                                                                              \
+        if (((ctx) = weft_tp_ctx_alloc((args), sizeof(*(ctx)), (tname))) == NULL)    \
+            return WEFT_ERR_NO_MEMORY;                                                \
+        (ctx)->err = (args)->err;                                                     \
+        (ctx)->rank = (args)->rank;                                                   \
+        (ctx)->nranks = (args)->nranks;                                               \
+        weft_req_pool_init(&(ctx)->reqs, (tname), (args)->err, (args)->rank);         \
+    } while (0)
+
+/* connect's check of its pointers, for a context with the field err:
+ * returns WEFT_ERR_INVALID_ARG from the calling connect if one is NULL. */
+#define WEFT_TP_CONNECT_CHECK(ctx, addr, conn, tname)                                 \
+    do {                                                                              \
+        if ((ctx) == NULL || (addr) == NULL || (conn) == NULL)                        \
+            return weft_error_quiet((ctx) ? (ctx)->err : NULL, WEFT_ERR_INVALID_ARG,  \
+                                    "%s connect: NULL argument", (tname));            \
+    } while (0)
+
+/*
  * The requests of one context, allocated in slabs that live until
  * weft_req_pool_fini; every request of a pool has the same size.  Zeroed
  * and then given err, rank and tname (weft_req_pool_init), it is empty and

@@ -550,12 +550,8 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
                           "WEFT_IB_CM=%s: expected auto, oob or rdmacm", cm_mode);
     if (weft_ib_hca_parse(weft_param_str("WEFT_IB_HCA"), &filter, why, sizeof(why)) != WEFT_OK)
         return weft_error(err, WEFT_ERR_INVALID_ARG, "WEFT_IB_HCA: %s", why);
-    struct vb_ctx *ctx = calloc(1, sizeof(*ctx));
-    if (ctx == NULL)
-        return weft_error(err, WEFT_ERR_NO_MEMORY, "verbs: out of memory");
-    ctx->err = err;
-    ctx->rank = args->rank;
-    ctx->nranks = args->nranks;
+    struct vb_ctx *ctx;
+    WEFT_TP_CTX_NEW(ctx, args, "verbs");
     ctx->oob_ops = args->oob_ops;
     ctx->oob_ctx = args->oob_ctx;
     ctx->stopfd = -1;
@@ -612,7 +608,6 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
         if (ibv_query_gid(ctx->dev, (uint8_t)ctx->port, 0, &g) == 0)
             memcpy(ctx->me.gid, g.raw, 16);
     }
-    weft_req_pool_init(&ctx->reqs, "verbs", err, ctx->rank);
     ctx->conns = calloc((size_t)ctx->nranks, sizeof(*ctx->conns));
     ctx->oob_conn = calloc((size_t)ctx->nranks, sizeof(*ctx->oob_conn));
     size_t fifo_bytes = (size_t)ctx->nranks * VB_FIFO * sizeof(struct vb_desc);
