@@ -319,3 +319,82 @@ static void run_bind(bool pin)
 
 Test(transport, bind_pins_each_rank_to_its_own_cpu, .timeout = 60) { run_bind(true); }
 Test(transport, no_bind_leaves_placement_to_the_kernel, .timeout = 60) { run_bind(false); }
+
+/* ---- self: a rank's messages to itself --------------------------------------------- */
+
+static const struct weft_transport_ops *self_ops(void)
+{
+    int t = weft_transport_find("self");
+    cr_assert(t >= 0 && weft_transports[t]->ops);
+    return weft_transports[t]->ops;
+}
+
+/* Finishes req (self completes at the matching post; progress is idle). */
+static weft_status_t self_done(const struct weft_transport_ops *o, void *req, size_t *bytes)
+{
+    int done = 0;
+    weft_status_t st = o->test(req, &done, bytes);
+    cr_assert(st != WEFT_OK || done, "self: a matched request is not done");
+    return st;
+}
+
+Test(self, matches_in_order_short_send_then_too_long_fails_all)
+{
+    const struct weft_transport_ops *o = self_ops();
+    struct weft_errsink sink;
+    weft_errsink_init(&sink);
+    struct weft_transport_init a = {.err = &sink, .rank = 2, .nranks = 3};
+    uint8_t addr[WEFT_TRANSPORT_ADDR_MAX];
+    size_t alen = sizeof(addr);
+    void *ctx, *conn, *r[4];
+    cr_assert_eq(o->init(&a, &ctx, addr, &alen), WEFT_OK);
+    cr_assert_eq(o->connect(ctx, 1, NULL, 0, &conn), WEFT_ERR_INTERNAL);
+    cr_assert_eq(o->connect(ctx, 2, NULL, 0, &conn), WEFT_OK);
+    /* Two sends, then two receives: the k-th send lands in the k-th receive;
+     * a send shorter than its receive reports its own length. */
+    char s0[8] = "first", s1[3] = "2nd", in0[8] = {0}, in1[16] = {0};
+    size_t n;
+    cr_assert_eq(o->isend(conn, s0, sizeof(s0), &r[0]), WEFT_OK);
+    cr_assert_eq(o->isend(conn, s1, sizeof(s1), &r[1]), WEFT_OK);
+    cr_assert_eq(o->irecv(conn, in0, sizeof(in0), &r[2]), WEFT_OK);
+    cr_assert_eq(o->irecv(conn, in1, sizeof(in1), &r[3]), WEFT_OK);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(self_done(o, r[i], &n), WEFT_OK);
+    cr_expect_eq(n, sizeof(s1));
+    cr_expect(memcmp(in0, s0, sizeof(s0)) == 0 && memcmp(in1, s1, sizeof(s1)) == 0);
+    /* A send longer than the receive posted for it fails both, and the
+     * connection: a later post fails too, with the same message. */
+    char big[32] = {0}, small[4];
+    cr_assert_eq(o->irecv(conn, small, sizeof(small), &r[0]), WEFT_OK);
+    cr_assert_eq(o->isend(conn, big, sizeof(big), &r[1]), WEFT_OK);
+    cr_expect_eq(self_done(o, r[0], &n), WEFT_ERR_REMOTE);
+    cr_expect_eq(self_done(o, r[1], &n), WEFT_ERR_REMOTE);
+    char msg[WEFT_ERRMSG_LEN];
+    cr_expect(strstr(weft_errsink_read(&sink, msg, sizeof(msg)), "holds 4") != NULL, "%s", msg);
+    cr_assert_eq(o->irecv(conn, small, sizeof(small), &r[2]), WEFT_OK);
+    cr_expect_eq(self_done(o, r[2], &n), WEFT_ERR_REMOTE);
+    o->finalize(ctx);
+    weft_errsink_destroy(&sink);
+}
+
+Test(self, abort_fails_what_is_pending_and_later_posts)
+{
+    const struct weft_transport_ops *o = self_ops();
+    struct weft_transport_init a = {.rank = 0, .nranks = 1};
+    uint8_t addr[WEFT_TRANSPORT_ADDR_MAX];
+    size_t alen = sizeof(addr), n;
+    void *ctx, *conn, *r;
+    char buf[8];
+    cr_assert_eq(o->init(&a, &ctx, addr, &alen), WEFT_OK);
+    cr_assert_eq(o->connect(ctx, 0, NULL, 0, &conn), WEFT_OK);
+    cr_assert_eq(o->irecv(conn, buf, sizeof(buf), &r), WEFT_OK);
+    int done = 1;
+    cr_assert_eq(o->test(r, &done, &n), WEFT_OK);
+    cr_assert_eq(done, 0, "a receive with no send finished");
+    o->abort(ctx, WEFT_ERR_REMOTE, "rank 1 failed");
+    cr_expect_eq(self_done(o, r, &n), WEFT_ERR_REMOTE);
+    cr_assert_eq(o->isend(conn, buf, sizeof(buf), &r), WEFT_OK);
+    cr_expect_eq(self_done(o, r, &n), WEFT_ERR_REMOTE);
+    cr_expect_eq(o->isend(NULL, buf, sizeof(buf), &r), WEFT_ERR_INVALID_ARG);
+    o->finalize(ctx);
+}
