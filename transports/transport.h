@@ -159,8 +159,9 @@ struct weft_transport_desc {
     double alpha;       /* default cost: seconds per message */
     double beta;        /* seconds per byte */
     /* Its settings (WEFT_<NAME>_*), or NULL.  weft-info lists them; a
-     * transport that reads them with weft_param_* registers them first
-     * (weft_param_register in its init), since tests call init directly. */
+     * transport that reads them with weft_param_* calls
+     * weft_transport_register_params (transports/registry.h) in its init
+     * first, since tests call init directly. */
     const struct weft_param_desc *params;
     size_t nparams;
 #define WEFT_TRANSPORT_PARAMS(table) .params = (table), .nparams = WEFT_ARRAY_SIZE(table)

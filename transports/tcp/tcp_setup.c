@@ -14,6 +14,7 @@
 
 #include "base/auth.h"
 #include "base/sock.h"
+#include "transports/registry.h"
 #include "transports/transport.h"
 #include "transports/tcp/tcp.h"
 
@@ -230,7 +231,7 @@ weft_status_t tcp_init(const struct weft_transport_init *args, void **vctx, void
         return weft_error_quiet(args->err, WEFT_ERR_INVALID_ARG,
                                 "tcp init: address buffer of %zu bytes, %zu needed", *addrlen,
                                 sizeof(union weft_sockaddr));
-    weft_param_register(weft_tcp_desc.params, weft_tcp_desc.nparams);
+    weft_transport_register_params();
     int64_t nstreams = weft_param_int("WEFT_SOCKET_NSTREAMS");
     int64_t bufsize = weft_param_int("WEFT_SOCKET_BUFSIZE");
     if (nstreams < 1 || nstreams > TCP_MAX_STREAMS)

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "base/auth.h"
+#include "transports/registry.h"
 #include "transports/verbs/ib_select.h"
 #include "transports/verbs/verbs.h"
 
@@ -538,7 +539,7 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
                       size_t *addrlen)
 {
     *vctx = NULL;
-    weft_param_register(weft_verbs_desc.params, weft_verbs_desc.nparams);
+    weft_transport_register_params();
     struct weft_errsink *err = args->err;
     if (args->oob_ops == NULL || *addrlen < sizeof(struct vb_addr))
         return weft_error(err, WEFT_ERR_INTERNAL, "verbs init: no out-of-band transport");
