@@ -210,6 +210,45 @@ WEFT_API weft_status_t weft_test(weft_request_t req, int *done);
 WEFT_API weft_status_t weft_group_start(void);
 WEFT_API weft_status_t weft_group_end(void);
 
+/* Device buffers and CUDA streams.  Every call above also takes CUDA
+ * device or managed pointers (told apart per call by the driver, which is
+ * loaded only when a call needs it); a blocking call on device buffers
+ * returns when the result is in place.
+ *
+ * The _stream forms follow NCCL: the call returns at once; the operation
+ * starts after the work enqueued on `stream` before it and the work
+ * enqueued after it sees the result.  stream is a cudaStream_t (CUstream);
+ * NULL is the legacy default stream.  Buffers may be device, managed or
+ * host memory in any mix.  Inside weft_group_start/_end the calls of a
+ * communicator start together when the group ends.  A failure (a dead
+ * peer, weft_comm_abort) releases the stream, leaves the buffers
+ * unspecified and is reported by weft_comm_get_error.  Without a CUDA
+ * driver or device they return WEFT_ERR_UNSUPPORTED, saying so. */
+typedef void *weft_stream_t;
+WEFT_API weft_status_t weft_allreduce_stream(const void *sendbuf, void *recvbuf, size_t count,
+                                             weft_dtype_t dtype, weft_op_t op, weft_comm_t comm,
+                                             weft_stream_t stream);
+WEFT_API weft_status_t weft_reduce_scatter_stream(const void *sendbuf, void *recvbuf,
+                                                  size_t recvcount, weft_dtype_t dtype,
+                                                  weft_op_t op, weft_comm_t comm,
+                                                  weft_stream_t stream);
+WEFT_API weft_status_t weft_allgather_stream(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                             weft_dtype_t dtype, weft_comm_t comm,
+                                             weft_stream_t stream);
+WEFT_API weft_status_t weft_broadcast_stream(const void *sendbuf, void *recvbuf, size_t count,
+                                             weft_dtype_t dtype, int root, weft_comm_t comm,
+                                             weft_stream_t stream);
+WEFT_API weft_status_t weft_reduce_stream(const void *sendbuf, void *recvbuf, size_t count,
+                                          weft_dtype_t dtype, weft_op_t op, int root,
+                                          weft_comm_t comm, weft_stream_t stream);
+WEFT_API weft_status_t weft_send_stream(const void *buf, size_t count, weft_dtype_t dtype,
+                                        int peer, weft_comm_t comm, weft_stream_t stream);
+WEFT_API weft_status_t weft_recv_stream(void *buf, size_t count, weft_dtype_t dtype, int peer,
+                                        weft_comm_t comm, weft_stream_t stream);
+/* CUDA devices this process can use: 0 without a driver, a device, or a
+ * build --with-cuda. */
+WEFT_API int weft_cuda_device_count(void);
+
 #ifdef __cplusplus
 }
 #endif
