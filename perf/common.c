@@ -1,9 +1,12 @@
 /*
  * common.c - the driver shared by all_reduce_perf & co.: flags, buffers, the
  * timing loop, the exact check of every result, the nccl-tests table on
- * rank 0 and the optional JSON file.  Uses the public weft.h API only.
+ * rank 0 and the optional JSON file.  Uses the public weft.h API only; with
+ * -G 1 the buffers it fills and checks are host copies of device ones
+ * (gpu.c).
  */
 #include "common.h"
+#include "gpu.h"
 #include "pattern.h"
 
 #include <errno.h>
@@ -87,9 +90,48 @@ static weft_status_t perf_sendrecv(const perf_call_t *c, weft_comm_t comm)
     return st_send != WEFT_OK ? st_send : st_recv != WEFT_OK ? st_recv : st;
 }
 
+/* -G 1: the same ring on the stream. */
+static weft_status_t perf_sendrecv_stream(const perf_call_t *c, weft_comm_t comm)
+{
+    int next = (c->rank + 1) % c->nranks, prev = (c->rank + c->nranks - 1) % c->nranks;
+    weft_status_t st = weft_group_start();
+    if (st != WEFT_OK)
+        return st;
+    weft_status_t st_send = weft_send_stream(c->sendbuf, c->count, c->dtype, next, comm, c->stream);
+    weft_status_t st_recv = weft_recv_stream(c->recvbuf, c->count, c->dtype, prev, comm, c->stream);
+    st = weft_group_end();
+    return st_send != WEFT_OK ? st_send : st_recv != WEFT_OK ? st_recv : st;
+}
+
+/* -G 1: the call is queued on c->stream and returns at once. */
+static weft_status_t perf_run_stream(perf_kind_t kind, const perf_call_t *c, weft_comm_t comm)
+{
+    switch (kind) {
+    case PERF_KIND_ALLREDUCE:
+        return weft_allreduce_stream(c->sendbuf, c->recvbuf, c->count, c->dtype, c->op, comm,
+                                     c->stream);
+    case PERF_KIND_REDUCE_SCATTER:
+        return weft_reduce_scatter_stream(c->sendbuf, c->recvbuf, c->count, c->dtype, c->op,
+                                          comm, c->stream);
+    case PERF_KIND_ALLGATHER:
+        return weft_allgather_stream(c->sendbuf, c->recvbuf, c->count, c->dtype, comm, c->stream);
+    case PERF_KIND_BROADCAST:
+        return weft_broadcast_stream(c->sendbuf, c->recvbuf, c->count, c->dtype, c->root, comm,
+                                     c->stream);
+    case PERF_KIND_REDUCE:
+        return weft_reduce_stream(c->sendbuf, c->recvbuf, c->count, c->dtype, c->op, c->root,
+                                  comm, c->stream);
+    case PERF_KIND_SENDRECV:
+        return perf_sendrecv_stream(c, comm);
+    }
+    return WEFT_ERR_INVALID_ARG;
+}
+
 /* The weft call a benchmark of this kind times. */
 static weft_status_t perf_run(perf_kind_t kind, const perf_call_t *c, weft_comm_t comm)
 {
+    if (c->on_stream)
+        return perf_run_stream(kind, c, comm);
     switch (kind) {
     case PERF_KIND_ALLREDUCE:
         return weft_allreduce(c->sendbuf, c->recvbuf, c->count, c->dtype, c->op, comm);
@@ -121,6 +163,7 @@ typedef struct {
     int rounds;            /* -N */
     const char *json_path; /* -J, or NULL */
     int reg;               /* -R: weft_mem_register the buffers */
+    int gpu;               /* -G: buffers in GPU memory, calls on a stream */
 } perf_opts_t;
 
 /* One rank's line of the header, gathered to every rank. */
@@ -128,6 +171,8 @@ typedef struct {
     int32_t rank;
     int32_t pid;
     char host[64];
+    int32_t dev;       /* -G 1: the device ordinal */
+    char devname[64];  /* -G 1: its name */
 } perf_rank_rec_t;
 
 /* The state of one benchmark run; lives in perf_main's frame.  The buffers
@@ -138,7 +183,8 @@ typedef struct {
     weft_comm_t comm;
     int rank, nranks;
     unsigned char *sendbuf, *recvbuf; /* bufbytes each, touched once */
-    void *reg[2];                     /* -R: their registrations */
+    perf_gpu_t *gpu;                  /* -G 1: device twins of sendbuf and recvbuf */
+    void *reg[2];                     /* -R: their registrations (the device ones with -G 1) */
     size_t bufbytes;
     double sync[1];
     int nplans;                             /* -A: entries, each on a communicator of its own */
@@ -243,6 +289,9 @@ static void perf_usage(const perf_coll_t *coll, FILE *f)
             "  -J, --json FILE          also write every row as JSON to FILE (with -N > 1,\n"
             "                           every round's time too, in the order they ran)\n"
             "  -R, --register 0/1       weft_mem_register the buffers (zero-copy over verbs)\n"
+            "  -G, --gpu 0/1            buffers in GPU memory (device: local rank modulo the\n"
+            "                           device count) and the calls on a CUDA stream, timed\n"
+            "                           to the stream's completion (default 0: host memory)\n"
             "  -h, --help               this text\n",
             coll->name);
 }
@@ -258,7 +307,7 @@ static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_
         {"blocking", required_argument, NULL, 'z'}, {"algo", required_argument, NULL, 'a'},
         {"json", required_argument, NULL, 'J'}, {"register", required_argument, NULL, 'R'},
         {"plans", required_argument, NULL, 'A'}, {"rounds", required_argument, NULL, 'N'},
-        {"help", no_argument, NULL, 'h'},
+        {"gpu", required_argument, NULL, 'G'}, {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     memset(o, 0, sizeof(*o));
     o->minbytes = o->maxbytes = 32u << 20;
@@ -272,7 +321,7 @@ static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_
     int c;
     long v;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:d:o:r:z:a:A:N:J:R:h", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "b:e:i:f:n:w:c:d:o:r:z:a:A:N:J:R:G:h", longopts, NULL)) != -1) {
         const char *bad = NULL;
         switch (c) {
         case 'b': if (perf_parse_size(optarg, &o->minbytes)) bad = "-b wants a size like 8, 64K, 32M"; break;
@@ -288,6 +337,7 @@ static int perf_parse(const perf_coll_t *coll, int argc, char **argv, perf_opts_
         case 'N': if (parse_int(optarg, 1, PERF_MAX_ROUNDS, &v)) bad = "-N wants 1 to 64"; else o->rounds = (int)v; break;
         case 'J': o->json_path = optarg; break;
         case 'R': if (parse_int(optarg, 0, 1, &v)) bad = "-R wants 0 or 1"; else o->reg = (int)v; break;
+        case 'G': if (parse_int(optarg, 0, 1, &v)) bad = "-G wants 0 or 1"; else o->gpu = (int)v; break;
         case 'd': if (parse_choice(optarg, dtype_of, &o->dtype_all, &o->dtype)) bad = "-d wants a datatype name or all"; break;
         case 'o': if (parse_choice(optarg, op_of, &o->op_all, &o->op)) bad = "-o wants sum, prod, max, min, avg or all"; break;
         case 'r':
@@ -359,6 +409,28 @@ static void perf_layout(perf_ctx_t *ctx, size_t bytes, int in_place, perf_layout
     }
 }
 
+/* -G 1: the device address that mirrors host address p of sendbuf or
+ * recvbuf (same offset in the twin buffer). */
+static void *perf_dev(const perf_ctx_t *ctx, const void *p)
+{
+    const unsigned char *h = p;
+    int which = !(h >= ctx->sendbuf && h < ctx->sendbuf + ctx->bufbytes);
+    size_t off = (size_t)(h - (which ? ctx->recvbuf : ctx->sendbuf));
+    return (unsigned char *)perf_gpu_buf(ctx->gpu, which) + off;
+}
+
+/* -G 1: the bytes at the start of recvbuf that a placement's outputs and
+ * in-place input cover, copied to the device before a checked call and
+ * back after it. */
+static size_t perf_recv_extent(const perf_ctx_t *ctx, const perf_layout_t *l, int in_place)
+{
+    perf_kind_t kind = ctx->coll->kind;
+    size_t ts = weft_dtype_size(l->call.dtype);
+    if (kind == PERF_KIND_ALLGATHER || (kind == PERF_KIND_REDUCE_SCATTER && in_place))
+        return l->total * ts;
+    return l->call.count * ts;
+}
+
 /* Poisons (wrong == NULL) or checks every output region of this rank. */
 static void perf_outputs(perf_ctx_t *ctx, const perf_layout_t *l, int root, int64_t *wrong)
 {
@@ -415,18 +487,36 @@ static void perf_outputs(perf_ctx_t *ctx, const perf_layout_t *l, int root, int6
 #define PERF_WARM_MAX 1500
 #define PERF_WARM_MS 60.0
 
+/* -G 1: returns when the calls queued on the stream have finished, and
+ * fails when one of them did (the communicator's sticky error says so). */
+static weft_status_t perf_wait(perf_ctx_t *ctx, const perf_call_t *call, weft_comm_t c)
+{
+    if (!call->on_stream)
+        return WEFT_OK;
+    weft_status_t st = perf_gpu_sync(ctx->gpu);
+    if (st != WEFT_OK)
+        return st; /* perf_gpu_sync said what failed */
+    if ((st = weft_comm_get_error(c)) != WEFT_OK)
+        fprintf(stderr, "# rank %d: %s on the stream failed: %s: %s\n", ctx->rank,
+                ctx->coll->name, weft_status_string(st), weft_last_error(c));
+    return st;
+}
+
 static weft_status_t perf_warm(perf_ctx_t *ctx, const perf_call_t *call, weft_comm_t c)
 {
     if (ctx->opt.warmup >= 0) {
         for (int k = 0; k < ctx->opt.warmup; k++)
             PERF_CHECK(ctx, ctx->coll->name, perf_run(ctx->coll->kind, call, c));
-        return WEFT_OK;
+        return perf_wait(ctx, call, c);
     }
     double t0 = perf_now_us(), ms = 0;
     for (int done = 0; done < PERF_WARM_MAX && (done < PERF_WARM_MIN || ms < PERF_WARM_MS);
          done += PERF_WARM_BATCH) {
         for (int k = 0; k < PERF_WARM_BATCH; k++)
             PERF_CHECK(ctx, ctx->coll->name, perf_run(ctx->coll->kind, call, c));
+        weft_status_t st = perf_wait(ctx, call, c);
+        if (st != WEFT_OK)
+            return st;
         ms = (perf_now_us() - t0) * 1e-3;
         PERF_CHECK(ctx, "weft_allreduce (warm-up)",
                    weft_allreduce(&ms, &ms, 1, WEFT_FLOAT64, WEFT_MAX, ctx->comm));
@@ -486,6 +576,9 @@ static weft_status_t perf_time(perf_ctx_t *ctx, const perf_call_t *call,
             double t0 = perf_now_us();
             for (int it = 0; it < ctx->opt.iters; it++)
                 PERF_CHECK(ctx, coll->name, perf_run(coll->kind, call, c));
+            weft_status_t st = perf_wait(ctx, call, c); /* -G 1: the stream's completion */
+            if (st != WEFT_OK)
+                return st;
             double us = (perf_now_us() - t0) / ctx->opt.iters;
             PERF_CHECK(ctx, "weft_allreduce (time)",
                        weft_allreduce(&us, &us, 1, WEFT_FLOAT64, WEFT_MAX, ctx->comm));
@@ -514,13 +607,26 @@ static weft_status_t perf_measure(perf_ctx_t *ctx, size_t bytes, int root, int i
     perf_layout_t l;
     perf_layout(ctx, bytes, in_place, &l);
     l.call.root = root;
+    /* What runs: l.call itself, or with -G 1 its twin on the device
+     * buffers, whose data goes through the host ones. */
+    perf_call_t run = l.call;
+    size_t recv_bytes = 0;
+    if (ctx->gpu) {
+        run.sendbuf = perf_dev(ctx, l.call.sendbuf);
+        run.recvbuf = perf_dev(ctx, l.call.recvbuf);
+        run.on_stream = 1;
+        run.stream = perf_gpu_stream(ctx->gpu);
+        recv_bytes = perf_recv_extent(ctx, &l, in_place);
+    }
 
     /* Values that repeated in-place reductions leave unchanged: no overflow,
      * no denormals, no infinities while timing. */
     table_of_constant(p->dtype, p->reduces && p->op == WEFT_SUM ? 0.0 : 1.0, ctx->tab_tmp);
     buffer_fill(l.in, l.in_count, ts, ctx->tab_tmp, 0);
-    weft_status_t st = perf_time(ctx, &l.call, ctx->rounds_us[in_place], time_us);
-    if (st != WEFT_OK)
+    weft_status_t st;
+    if (ctx->gpu && (st = perf_gpu_put(ctx->gpu, perf_dev(ctx, l.in), l.in, l.in_count * ts)) != WEFT_OK)
+        return st;
+    if ((st = perf_time(ctx, &run, ctx->rounds_us[in_place], time_us)) != WEFT_OK)
         return st;
 
     for (int i = 0; i < perf_nplans(ctx); i++) {
@@ -528,10 +634,21 @@ static weft_status_t perf_measure(perf_ctx_t *ctx, size_t bytes, int root, int i
         if (!ctx->opt.check || (in_place && !coll->check_in_place))
             continue;
         int64_t w = 0;
+        weft_comm_t c = perf_plan_comm(ctx, i);
         perf_outputs(ctx, &l, root, NULL);
         if (coll->kind != PERF_KIND_BROADCAST || ctx->rank == root)
             buffer_fill(l.in, l.in_count, ts, ctx->tab_in, 0);
-        PERF_CHECK(ctx, coll->name, perf_run(coll->kind, &l.call, perf_plan_comm(ctx, i)));
+        /* -G 1: the poisoned outputs (and an in-place input) live in the
+         * first recv_bytes of recvbuf; an out-of-place input in sendbuf. */
+        if (ctx->gpu &&
+            ((st = perf_gpu_put(ctx->gpu, perf_dev(ctx, ctx->recvbuf), ctx->recvbuf, recv_bytes)) != WEFT_OK ||
+             (!in_place && (st = perf_gpu_put(ctx->gpu, perf_dev(ctx, l.in), l.in, l.in_count * ts)) != WEFT_OK)))
+            return st;
+        PERF_CHECK(ctx, coll->name, perf_run(coll->kind, &run, c));
+        if (ctx->gpu &&
+            ((st = perf_wait(ctx, &run, c)) != WEFT_OK ||
+             (st = perf_gpu_get(ctx->gpu, ctx->recvbuf, perf_dev(ctx, ctx->recvbuf), recv_bytes)) != WEFT_OK))
+            return st;
         perf_outputs(ctx, &l, root, &w);
         PERF_CHECK(ctx, "weft_allreduce (check)",
                    weft_allreduce(&w, &w, 1, WEFT_INT64, WEFT_SUM, ctx->comm));
@@ -659,6 +776,11 @@ static weft_status_t perf_header(perf_ctx_t *ctx)
     memset(&mine, 0, sizeof(mine));
     mine.rank = ctx->rank;
     mine.pid = (int32_t)getpid();
+    mine.dev = -1;
+    if (ctx->gpu) {
+        mine.dev = perf_gpu_device(ctx->gpu);
+        snprintf(mine.devname, sizeof(mine.devname), "%s", perf_gpu_name(ctx->gpu));
+    }
     if (gethostname(mine.host, sizeof(mine.host) - 1) != 0)
         snprintf(mine.host, sizeof(mine.host), "unknown");
     weft_status_t st = weft_allgather(&mine, all, sizeof(mine), WEFT_UINT8, ctx->comm);
@@ -683,10 +805,21 @@ static weft_status_t perf_header(perf_ctx_t *ctx)
         if (ctx->nplans || o->rounds > 1)
             printf("# plans: %s (each on a communicator of its own) rounds: %d\n",
                    o->plans ? o->plans : "-", o->rounds);
+        if (ctx->gpu) {
+            int v = perf_gpu_driver_version(ctx->gpu);
+            printf("# gpu: 1 (buffers in device memory, calls on a CUDA stream; driver %d.%d)\n",
+                   v / 1000, v % 1000 / 10);
+        }
         printf("#\n# Using ranks\n");
         for (int r = 0; r < ctx->nranks; r++) {
             all[r].host[sizeof(all[r].host) - 1] = '\0';
-            printf("#  Rank %2d Pid %6d on %10s\n", (int)all[r].rank, (int)all[r].pid, all[r].host);
+            all[r].devname[sizeof(all[r].devname) - 1] = '\0';
+            if (ctx->gpu)
+                printf("#  Rank %2d Pid %6d on %10s device %2d [%s]\n", (int)all[r].rank,
+                       (int)all[r].pid, all[r].host, (int)all[r].dev, all[r].devname);
+            else
+                printf("#  Rank %2d Pid %6d on %10s\n", (int)all[r].rank, (int)all[r].pid,
+                       all[r].host);
         }
         printf("#\n");
         perf_print_columns();
@@ -705,11 +838,17 @@ static weft_status_t perf_header(perf_ctx_t *ctx)
         json_string(ctx->json, algo && *algo ? algo : "default");
         fprintf(ctx->json, ", \"rounds\": %d, \"plans\": ", o->rounds);
         json_string(ctx->json, o->plans ? o->plans : "");
+        if (ctx->gpu) /* -G 0 files stay as they were */
+            fprintf(ctx->json, ", \"gpu\": 1");
         fprintf(ctx->json, "},\n  \"ranks\": [");
         for (int r = 0; r < ctx->nranks; r++) {
             fprintf(ctx->json, "%s\n    {\"rank\": %d, \"pid\": %d, \"host\": ", r ? "," : "",
                     (int)all[r].rank, (int)all[r].pid);
             json_string(ctx->json, all[r].host);
+            if (ctx->gpu) {
+                fprintf(ctx->json, ", \"device\": %d, \"device_name\": ", (int)all[r].dev);
+                json_string(ctx->json, all[r].devname);
+            }
             fprintf(ctx->json, "}");
         }
         fprintf(ctx->json, "\n  ],\n  \"rows\": [");
@@ -774,6 +913,39 @@ static weft_status_t perf_all_cases(perf_ctx_t *ctx)
     return WEFT_OK;
 }
 
+/* The local rank, as nccl-tests picks a GPU per process: weftrun's, Open
+ * MPI's, MPICH's or Slurm's, else the rank. */
+static int perf_local_rank(int rank)
+{
+    static const char *const vars[] = {"WEFT_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                       "MPI_LOCALRANKID", "SLURM_LOCALID"};
+    for (size_t k = 0; k < sizeof(vars) / sizeof(vars[0]); k++) {
+        const char *v = getenv(vars[k]);
+        long n;
+        if (v && *v && parse_int(v, 0, INT32_MAX, &n) == 0)
+            return (int)n;
+    }
+    return rank;
+}
+
+/* -G 1: the device buffers, zeroed like the host ones, and the stream;
+ * why[len] says what failed. */
+static weft_status_t perf_open_gpu(perf_ctx_t *ctx, char *why, size_t len)
+{
+    ctx->gpu = perf_gpu_open(ctx->rank, perf_local_rank(ctx->rank), ctx->bufbytes, why, len);
+    if (ctx->gpu == NULL)
+        return WEFT_ERR_UNSUPPORTED;
+    for (int i = 0; i < 2; i++) {
+        weft_status_t st = perf_gpu_put(ctx->gpu, perf_gpu_buf(ctx->gpu, i),
+                                        i ? ctx->recvbuf : ctx->sendbuf, ctx->bufbytes);
+        if (st != WEFT_OK) {
+            snprintf(why, len, "zeroing the device buffers failed (see above)");
+            return st;
+        }
+    }
+    return WEFT_OK;
+}
+
 int perf_main(perf_kind_t kind, int argc, char **argv)
 {
     const perf_coll_t *coll = &perf_colls[kind];
@@ -812,35 +984,51 @@ int perf_main(perf_kind_t kind, int argc, char **argv)
         goto out_destroy;
     }
 
-    /* Local failures (memory, the JSON file) are agreed on before anyone
-     * enters a collective, so every rank stops cleanly together. */
-    int32_t failed = 0;
+    /* Local failures (memory, the device, the JSON file) are agreed on
+     * before anyone enters a collective, so every rank stops cleanly
+     * together.  failed[1]: n - (the lowest rank whose -G 1 failed), so
+     * that one line says why rather than one per rank. */
+    int32_t failed[2] = {0, 0};
+    char gpu_why[320] = "";
     ctx->bufbytes = ctx->opt.maxbytes ? ctx->opt.maxbytes : 1;
     ctx->sendbuf = perf_alloc_touched(ctx->bufbytes);
     ctx->recvbuf = perf_alloc_touched(ctx->bufbytes);
     if (ctx->sendbuf == NULL || ctx->recvbuf == NULL) {
         fprintf(stderr, "# rank %d: cannot allocate 2 x %zu bytes\n", ctx->rank, ctx->bufbytes);
-        failed = 1;
-    } else if (ctx->opt.reg &&
-               (weft_mem_register(ctx->comm, ctx->sendbuf, ctx->bufbytes, &ctx->reg[0]) != WEFT_OK ||
-                weft_mem_register(ctx->comm, ctx->recvbuf, ctx->bufbytes, &ctx->reg[1]) != WEFT_OK)) {
-        fprintf(stderr, "# rank %d: weft_mem_register: %s\n", ctx->rank, weft_last_error(ctx->comm));
-        failed = 1;
+        failed[0] = 1;
+    } else if (ctx->opt.gpu && perf_open_gpu(ctx, gpu_why, sizeof(gpu_why)) != WEFT_OK) {
+        failed[1] = ctx->nranks - ctx->rank;
+    }
+    if (!failed[0] && !failed[1] && ctx->opt.reg) {
+        void *b0 = ctx->gpu ? perf_gpu_buf(ctx->gpu, 0) : ctx->sendbuf;
+        void *b1 = ctx->gpu ? perf_gpu_buf(ctx->gpu, 1) : ctx->recvbuf;
+        if (weft_mem_register(ctx->comm, b0, ctx->bufbytes, &ctx->reg[0]) != WEFT_OK ||
+            weft_mem_register(ctx->comm, b1, ctx->bufbytes, &ctx->reg[1]) != WEFT_OK) {
+            fprintf(stderr, "# rank %d: weft_mem_register: %s\n", ctx->rank,
+                    weft_last_error(ctx->comm));
+            failed[0] = 1;
+        }
     }
     if (ctx->rank == 0 && ctx->opt.json_path) {
         ctx->json = fopen(ctx->opt.json_path, "w");
         if (ctx->json == NULL) {
             fprintf(stderr, "%s_perf: cannot write %s: %s\n", coll->name, ctx->opt.json_path,
                     strerror(errno));
-            failed = 1;
+            failed[0] = 1;
         }
     }
-    st = weft_allreduce(&failed, &failed, 1, WEFT_INT32, WEFT_MAX, ctx->comm);
+    st = weft_allreduce(failed, failed, 2, WEFT_INT32, WEFT_MAX, ctx->comm);
     if (st != WEFT_OK) {
         perf_fail(ctx, "weft_allreduce (setup)", st);
         goto out_abort;
     }
-    if (failed)
+    if (failed[1] && ctx->rank == ctx->nranks - failed[1]) {
+        if (ctx->rank == 0)
+            fprintf(stderr, "%s_perf: -G 1: %s\n", coll->name, gpu_why);
+        else
+            fprintf(stderr, "%s_perf: -G 1: %s (rank %d)\n", coll->name, gpu_why, ctx->rank);
+    }
+    if (failed[0] || failed[1])
         goto out_destroy;
     int bad_plans = perf_plans_open(ctx);
     if (bad_plans < 0)
@@ -888,6 +1076,9 @@ out_abort:
     weft_comm_abort(ctx->comm);
     exit_code = 1;
 out_close:
+    /* After the communicators: they may hold the device buffers. */
+    if (perf_gpu_close(ctx->gpu) != WEFT_OK)
+        exit_code = 1;
     if (ctx->json && fclose(ctx->json) != 0) {
         fprintf(stderr, "%s_perf: writing %s: %s\n", coll->name, ctx->opt.json_path,
                 strerror(errno));

@@ -3,8 +3,9 @@
  *
  * Each perf/<coll>.c names its collective's kind to perf_main(); the
  * collectives' calls and bus factors, and everything else (flags, buffers,
- * timing, checking, the table and the JSON file) live in common.c.
- * Written against weft.h only.
+ * timing, checking, the table and the JSON file) live in common.c; -G 1's
+ * device buffers and stream in gpu.c.  Written against weft.h, but for
+ * gpu.c, which uses the library's CUDA driver table.
  */
 #ifndef WEFT_PERF_COMMON_H
 #define WEFT_PERF_COMMON_H
@@ -38,6 +39,8 @@ typedef struct {
     int root; /* -1 where the collective has no root */
     int rank;
     int nranks;
+    int on_stream;        /* -G 1: device buffers, the _stream forms on stream */
+    weft_stream_t stream;
 } perf_call_t;
 
 /* Parses argv, runs the benchmark of kind, returns the process exit
