@@ -1028,6 +1028,12 @@ int perf_main(perf_kind_t kind, int argc, char **argv)
         else
             fprintf(stderr, "%s_perf: -G 1: %s (rank %d)\n", coll->name, gpu_why, ctx->rank);
     }
+    /* No rank exits before that line is out: a launcher stops the others
+     * when the first one fails. */
+    if (failed[1] && (st = weft_allreduce(failed, failed, 1, WEFT_INT32, WEFT_MAX, ctx->comm)) != WEFT_OK) {
+        perf_fail(ctx, "weft_allreduce (setup)", st);
+        goto out_abort;
+    }
     if (failed[0] || failed[1])
         goto out_destroy;
     int bad_plans = perf_plans_open(ctx);
