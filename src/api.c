@@ -10,6 +10,7 @@
 
 #include "algorithms/schedule.h"
 #include "comm.h"
+#include "devbuf.h"
 #include "engine.h"
 #include "select/tune.h"
 
@@ -93,10 +94,30 @@ static weft_status_t check_args(const char *fn, struct weft_comm *comm, struct w
     return WEFT_OK;
 }
 
+/* Where a call goes: stream: the _stream form (the device worker orders
+ * it on the stream); else device buffers found in a plain call are staged
+ * by the worker while the caller waits. */
+struct call_how {
+    bool has_stream;
+    void *stream;
+};
+
 static weft_status_t run_acquired(const char *fn, struct weft_comm *comm,
-                                  struct weft_op_args *a, weft_request_t *req)
+                                  struct weft_op_args *a, weft_request_t *req,
+                                  const struct call_how *how)
 {
     WEFT_CHECK(check_args(fn, comm, a));
+    if (how != NULL && how->has_stream)
+        return weft_dev_call(comm, a, true, how->stream, fn, group_depth > 0);
+    if (weft_dev_detect(comm) && weft_dev_args_on_device(a)) {
+        if (req != NULL)
+            return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_UNSUPPORTED,
+                                    "%s: device buffers in a non-blocking call: use the _stream "
+                                    "form (its stream is the request)", fn);
+        return weft_dev_call(comm, a, false, NULL, fn, group_depth > 0);
+    }
+    /* Calls reach the engine in the order they were made. */
+    WEFT_CHECK(weft_dev_drain(comm));
     struct weft_op *op;
     WEFT_CHECK(weft_engine_op_new(comm, a, &op));
     if (req != NULL) {
@@ -122,8 +143,8 @@ static weft_status_t run_acquired(const char *fn, struct weft_comm *comm,
     return weft_engine_wait(comm, op);
 }
 
-static weft_status_t run(const char *fn, struct weft_comm *comm, struct weft_op_args *a,
-                         weft_request_t *req, bool nonblocking)
+static weft_status_t run_how(const char *fn, struct weft_comm *comm, struct weft_op_args *a,
+                             weft_request_t *req, bool nonblocking, const struct call_how *how)
 {
     if (req != NULL)
         *req = NULL;
@@ -132,9 +153,22 @@ static weft_status_t run(const char *fn, struct weft_comm *comm, struct weft_op_
                                 "%s: invalid communicator (NULL, destroyed or never created)", fn);
     weft_status_t st = nonblocking && req == NULL
                            ? weft_error_quiet(weft_comm_err(comm), WEFT_ERR_INVALID_ARG, "%s: req is NULL", fn)
-                           : run_acquired(fn, comm, a, req);
+                           : run_acquired(fn, comm, a, req, how);
     weft_comm_release(comm);
     return st;
+}
+
+static weft_status_t run(const char *fn, struct weft_comm *comm, struct weft_op_args *a,
+                         weft_request_t *req, bool nonblocking)
+{
+    return run_how(fn, comm, a, req, nonblocking, NULL);
+}
+
+static weft_status_t run_stream(const char *fn, struct weft_comm *comm, struct weft_op_args *a,
+                                weft_stream_t stream)
+{
+    struct call_how how = {true, stream};
+    return run_how(fn, comm, a, NULL, false, &how);
 }
 
 #define ARGS(c, s, r, n, t, o, rt)                                                          \
@@ -241,6 +275,60 @@ weft_status_t weft_irecv(void *buf, size_t count, weft_dtype_t dtype, int peer, 
     return run("weft_irecv", comm, &a, req, true);
 }
 
+weft_status_t weft_allreduce_stream(const void *sendbuf, void *recvbuf, size_t count,
+                                    weft_dtype_t dtype, weft_op_t op, weft_comm_t comm,
+                                    weft_stream_t stream)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_ALLREDUCE, sendbuf, recvbuf, count, dtype, op, 0);
+    return run_stream("weft_allreduce_stream", comm, &a, stream);
+}
+
+weft_status_t weft_reduce_scatter_stream(const void *sendbuf, void *recvbuf, size_t recvcount,
+                                         weft_dtype_t dtype, weft_op_t op, weft_comm_t comm,
+                                         weft_stream_t stream)
+{
+    struct weft_op_args a =
+        ARGS(WEFT_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dtype, op, 0);
+    return run_stream("weft_reduce_scatter_stream", comm, &a, stream);
+}
+
+weft_status_t weft_allgather_stream(const void *sendbuf, void *recvbuf, size_t sendcount,
+                                    weft_dtype_t dtype, weft_comm_t comm, weft_stream_t stream)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_ALLGATHER, sendbuf, recvbuf, sendcount, dtype, 0, 0);
+    return run_stream("weft_allgather_stream", comm, &a, stream);
+}
+
+weft_status_t weft_broadcast_stream(const void *sendbuf, void *recvbuf, size_t count,
+                                    weft_dtype_t dtype, int root, weft_comm_t comm,
+                                    weft_stream_t stream)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_BROADCAST, sendbuf, recvbuf, count, dtype, 0, root);
+    return run_stream("weft_broadcast_stream", comm, &a, stream);
+}
+
+weft_status_t weft_reduce_stream(const void *sendbuf, void *recvbuf, size_t count,
+                                 weft_dtype_t dtype, weft_op_t op, int root, weft_comm_t comm,
+                                 weft_stream_t stream)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_REDUCE, sendbuf, recvbuf, count, dtype, op, root);
+    return run_stream("weft_reduce_stream", comm, &a, stream);
+}
+
+weft_status_t weft_send_stream(const void *buf, size_t count, weft_dtype_t dtype, int peer,
+                               weft_comm_t comm, weft_stream_t stream)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_SEND, buf, NULL, count, dtype, 0, peer);
+    return run_stream("weft_send_stream", comm, &a, stream);
+}
+
+weft_status_t weft_recv_stream(void *buf, size_t count, weft_dtype_t dtype, int peer,
+                               weft_comm_t comm, weft_stream_t stream)
+{
+    struct weft_op_args a = ARGS(WEFT_COLL_RECV, NULL, buf, count, dtype, 0, peer);
+    return run_stream("weft_recv_stream", comm, &a, stream);
+}
+
 /* The request's communicator, entered; NULL (with a message) when it was
  * destroyed or aborted, which also ended the request. */
 static struct weft_comm *req_comm(const char *fn, struct weft_op *op)
@@ -320,6 +408,10 @@ weft_status_t weft_group_end(void)
         }
         weft_engine_submit(g->comm, g->op, background);
     }
+    /* Device calls of the group: one job per communicator. */
+    weft_status_t dst = weft_dev_group_end();
+    if (first == WEFT_OK)
+        first = dst;
     for (size_t i = 0; i < n; i++) {
         struct group_item *g = &group_items[i];
         if (g->op == NULL)
@@ -348,7 +440,7 @@ weft_status_t weft_comm_set_algo(weft_comm_t comm, const char *spec)
                               "planned with the algorithms before)");
     /* The calls already issued finish with the plans they have; then the
      * choices made (and measured) under the old set are forgotten. */
-    else if ((st = weft_engine_drain(comm)) == WEFT_OK) {
+    else if ((st = weft_dev_drain(comm)) == WEFT_OK && (st = weft_engine_drain(comm)) == WEFT_OK) {
         memcpy(comm->algos, masks, sizeof(masks));
         weft_tune_cache_free(&comm->tune);
     }

@@ -13,6 +13,7 @@
 #include "bootstrap.h"
 #include "comm_impl.h"
 #include "engine.h"
+#include "devbuf.h"
 #include "select/topo.h"
 #include "select/tune.h"
 
@@ -127,6 +128,7 @@ static void comm_free(struct weft_comm *comm)
         return;
     free(comm->cpu_group);
     free(comm->group_cores);
+    weft_dev_destroy(comm);
     weft_engine_destroy(comm->eng);
     weft_tune_cache_free(&comm->tune);
     weft_memreg_free_all(comm);
@@ -171,6 +173,7 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     memcpy(comm->algos, algos, sizeof(algos));
     atomic_init(&comm->deterministic, weft_param_int("WEFT_DETERMINISTIC") != 0);
     comm->rescue_fd = -1;
+    atomic_init(&comm->cuda_on, -1);
     weft_errsink_init(&comm->err);
     pthread_mutex_init(&comm->regs_mu, NULL);
     comm->rank = rank;
@@ -311,10 +314,11 @@ weft_status_t weft_comm_destroy(weft_comm_t comm)
     if (!weft_registry_remove(&reg, comm))
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
                                 "weft_comm_destroy: not a live communicator (destroyed twice?)");
-    weft_status_t st = weft_engine_drain(comm);
+    weft_status_t st = weft_dev_drain(comm);
+    weft_status_t est = weft_engine_drain(comm);
     wait_users(comm);
     comm_free(comm);
-    return st;
+    return st != WEFT_OK ? st : est;
 }
 
 weft_status_t weft_comm_abort(weft_comm_t comm)
@@ -325,6 +329,7 @@ weft_status_t weft_comm_abort(weft_comm_t comm)
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
                                 "weft_comm_abort: not a live communicator");
     weft_error_quiet(weft_comm_err(comm), WEFT_ERR_ABORTED, "rank %d: communicator aborted", comm->rank);
+    weft_dev_abort(comm);
     weft_engine_abort(comm, WEFT_ERR_ABORTED);
     wait_users(comm);
     comm_free(comm);

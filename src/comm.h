@@ -18,6 +18,7 @@ struct weft_bootstrap;
 struct weft_engine;
 struct weft_transport_ops;
 struct weft_reg;
+struct weft_dev;
 
 /*
  * Owner: the application (created by weft_comm_init*, freed by
@@ -70,6 +71,11 @@ struct weft_comm {
     int rescue_fd;
     union weft_sockaddr *rescue;       /* (nranks) */
     struct weft_errsink err;           /* the last error message (weft_error) */
+    /* Device buffers (src/devbuf.c): the worker, made by the first call
+     * that needs it; whether plain calls look for device pointers (-1:
+     * not decided yet). */
+    _Atomic(struct weft_dev *) dev;
+    _Atomic int cuda_on;
 };
 
 /* comm's error record, or NULL (the calling thread's) when there is no

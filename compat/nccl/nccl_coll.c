@@ -1,15 +1,36 @@
 /*
  * nccl_coll.c - NCCL's operations on top of weft: the collectives, the
  * ones weft builds from point-to-point (AlltoAll, Gather, Scatter),
- * Send/Recv, PreMulSum operators and groups.  Host buffers and
- * stream == NULL: an operation completes before its call returns, or at
- * the ncclGroupEnd that closes its group.
+ * Send/Recv, PreMulSum operators and groups.  A stream or a device buffer
+ * makes a call weft's _stream form (NCCL's semantics: it returns at once,
+ * ordered on the stream; NULL is the legacy default stream).  Host buffers
+ * with stream == NULL: the call completes before it returns, or at the
+ * ncclGroupEnd that closes its group.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "compat.h"
 #include "reduce.h"
+#ifdef HAVE_CUDA
+#include "base/cudrv.h"
+#endif
+
+/* True when the call must go on a stream: one was given, or a buffer is
+ * device memory (NCCL's NULL stream is then the legacy default one). */
+static bool streamed(cudaStream_t stream, const void *a, const void *b)
+{
+    if (stream != NULL)
+        return true;
+#ifdef HAVE_CUDA
+    return (a != NULL && weft_cu_mem_kind(a, NULL, NULL) != WEFT_MEM_HOST) ||
+           (b != NULL && weft_cu_mem_kind(b, NULL, NULL) != WEFT_MEM_HOST);
+#else
+    (void)a;
+    (void)b;
+    return false;
+#endif
+}
 
 /* ---- per-thread group state ---------------------------------------------- */
 
@@ -326,20 +347,13 @@ static ncclResult_t map_op(struct ncclComm *c, const char *fn, ncclRedOp_t op, n
     return ncclSuccess;
 }
 
-/* Common checks of every operation: a ready comm, no stream, a dtype. */
+/* Common checks of every operation: a ready comm and a dtype. */
 static struct ncclComm *enter(ncclComm_t comm, const char *fn, cudaStream_t stream,
                               ncclDataType_t t, bool reducing, weft_dtype_t *wt, ncclResult_t *r)
 {
     struct ncclComm *c = compat_ready(comm, fn, r);
     if (c == NULL)
         return NULL;
-    if (stream != NULL) {
-        *r = compat_release(c, compat_fail(c, ncclInvalidUsage,
-                                           "%s: CUDA streams are not supported by weft yet: "
-                                           "pass stream = NULL with host buffers",
-                                           fn));
-        return NULL;
-    }
     if (!map_dtype(t, reducing, wt)) {
         *r = compat_release(c, bad_dtype(c, fn, t));
         return NULL;
@@ -384,12 +398,23 @@ static ncclResult_t red_coll(enum red_kind kind, const char *fn, const void *sen
                                              "%s: recvcount %zu is too large", fn, count));
         n = count * (size_t)c->nranks;
     }
+    bool on_stream = streamed(stream, sendbuff, recvbuff);
+    if (on_stream && op >= ncclNumOps)
+        return leave_with(c, compat_fail(c, ncclInvalidUsage,
+                                         "%s: PreMulSum operators work on host buffers without a "
+                                         "stream only",
+                                         fn));
     if ((r = map_op(c, fn, op, datatype, t, sendbuff, n, &red)) != ncclSuccess)
         return leave_with(c, r);
-    weft_status_t st =
-        kind == ALLREDUCE ? weft_allreduce(red.send, recvbuff, count, t, red.op, c->wc)
-        : kind == REDUCE  ? weft_reduce(red.send, recvbuff, count, t, red.op, root, c->wc)
-                          : weft_reduce_scatter(red.send, recvbuff, count, t, red.op, c->wc);
+    weft_status_t st;
+    if (on_stream)
+        st = kind == ALLREDUCE ? weft_allreduce_stream(red.send, recvbuff, count, t, red.op, c->wc, stream)
+           : kind == REDUCE    ? weft_reduce_stream(red.send, recvbuff, count, t, red.op, root, c->wc, stream)
+                               : weft_reduce_scatter_stream(red.send, recvbuff, count, t, red.op, c->wc, stream);
+    else
+        st = kind == ALLREDUCE ? weft_allreduce(red.send, recvbuff, count, t, red.op, c->wc)
+           : kind == REDUCE    ? weft_reduce(red.send, recvbuff, count, t, red.op, root, c->wc)
+                               : weft_reduce_scatter(red.send, recvbuff, count, t, red.op, c->wc);
     return leave(c, fn, st);
 }
 
@@ -425,9 +450,20 @@ enum move_kind { ALLGATHER, BROADCAST, SEND, RECV, ALLTOALL, GATHER, SCATTER };
 /* The point-to-point collectives, on c as enter() returned it: one group
  * of sends and receives, so they progress together (and join the
  * caller's group when there is one). */
+/* One send or receive of a group, on the stream when there is one. */
+static weft_status_t p2p_one(struct ncclComm *c, bool send, const void *buf, size_t count,
+                             weft_dtype_t t, int peer, bool on_stream, cudaStream_t stream)
+{
+    if (send)
+        return on_stream ? weft_send_stream(buf, count, t, peer, c->wc, stream)
+                         : weft_send(buf, count, t, peer, c->wc);
+    return on_stream ? weft_recv_stream((void *)buf, count, t, peer, c->wc, stream)
+                     : weft_recv((void *)buf, count, t, peer, c->wc);
+}
+
 static ncclResult_t p2p_group(struct ncclComm *c, enum move_kind kind, const char *fn,
                               const void *sendbuff, void *recvbuff, size_t count, weft_dtype_t t,
-                              int root)
+                              int root, bool on_stream, cudaStream_t stream)
 {
     int p = c->nranks, me = c->rank;
     size_t esz = weft_dtype_size(t);
@@ -465,19 +501,19 @@ static ncclResult_t p2p_group(struct ncclComm *c, enum move_kind kind, const cha
         if (in_place && q == me)
             continue;
         if (kind == ALLTOALL) {
-            st = weft_send(s + (size_t)q * blk, count, t, q, c->wc);
+            st = p2p_one(c, true, s + (size_t)q * blk, count, t, q, on_stream, stream);
             if (st == WEFT_OK)
-                st = weft_recv(d + (size_t)q * blk, count, t, q, c->wc);
+                st = p2p_one(c, false, d + (size_t)q * blk, count, t, q, on_stream, stream);
         } else if (kind == GATHER) {
             if (q == me)
-                st = weft_send(s, count, t, root, c->wc);
+                st = p2p_one(c, true, s, count, t, root, on_stream, stream);
             if (st == WEFT_OK && root_side)
-                st = weft_recv(d + (size_t)q * blk, count, t, q, c->wc);
+                st = p2p_one(c, false, d + (size_t)q * blk, count, t, q, on_stream, stream);
         } else {
             if (root_side)
-                st = weft_send(s + (size_t)q * blk, count, t, q, c->wc);
+                st = p2p_one(c, true, s + (size_t)q * blk, count, t, q, on_stream, stream);
             if (st == WEFT_OK && q == me)
-                st = weft_recv(d, count, t, root, c->wc);
+                st = p2p_one(c, false, d, count, t, root, on_stream, stream);
         }
     }
     weft_status_t end = weft_group_end();
@@ -496,13 +532,19 @@ static ncclResult_t move_coll(enum move_kind kind, const char *fn, const void *s
     struct ncclComm *c = enter(comm, fn, stream, datatype, false, &t, &r);
     if (c == NULL)
         return r;
+    bool on_stream = streamed(stream, sendbuff, recvbuff);
     if (kind >= ALLTOALL)
-        return p2p_group(c, kind, fn, sendbuff, recvbuff, count, t, peer);
-    weft_status_t st =
-        kind == ALLGATHER ? weft_allgather(sendbuff, recvbuff, count, t, c->wc)
-        : kind == BROADCAST ? weft_broadcast(sendbuff, recvbuff, count, t, peer, c->wc)
-        : kind == SEND      ? weft_send(sendbuff, count, t, peer, c->wc)
-                            : weft_recv(recvbuff, count, t, peer, c->wc);
+        return p2p_group(c, kind, fn, sendbuff, recvbuff, count, t, peer, on_stream, stream);
+    weft_status_t st;
+    if (kind == SEND || kind == RECV)
+        st = p2p_one(c, kind == SEND, kind == SEND ? sendbuff : recvbuff, count, t, peer, on_stream,
+                     stream);
+    else if (on_stream)
+        st = kind == ALLGATHER ? weft_allgather_stream(sendbuff, recvbuff, count, t, c->wc, stream)
+                               : weft_broadcast_stream(sendbuff, recvbuff, count, t, peer, c->wc, stream);
+    else
+        st = kind == ALLGATHER ? weft_allgather(sendbuff, recvbuff, count, t, c->wc)
+                               : weft_broadcast(sendbuff, recvbuff, count, t, peer, c->wc);
     return leave(c, fn, st);
 }
 
