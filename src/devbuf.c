@@ -7,7 +7,7 @@
  * segment overlapping the collective of the next), runs the collective on
  * the host engine and raises the flag.  See docs/design.md, "Device buffers".
  */
-#include "devbuf.h"
+#include "devbuf_impl.h"
 
 #include <dlfcn.h>
 #include <sched.h>
@@ -17,68 +17,12 @@
 
 #include "base/cudrv.h"
 
-/* One call of a job.  start: recorded on the user's stream when the call
- * was made (NULL for a plain call, which reads its buffers at once). */
-struct dev_call {
-    struct weft_op_args a;
-    bool has_stream;
-    CUstream stream;
-    CUevent start;
-};
-
-/*
- * A job: the calls of one API call, or of one communicator in a group.
- * Owner: the worker from enqueue; a plain call's caller waits for done and
- * frees it.  seq: the flag value that releases the streams it holds.
- */
-struct dev_job {
-    struct dev_job *next;
-    struct dev_call *calls;
-    size_t ncalls, cap;
-    uint32_t seq;
-    bool waited;                 /* a plain call waits for it */
-    bool done;                   /* (mu) */
-    weft_status_t status;        /* (mu) */
-};
-
 /* Stream flags live in pinned pages that are never freed: a stream may
  * read its flag after the communicator is gone (abort), and a page is cheap. */
 #define FLAG_SLOTS 1024
 static pthread_mutex_t flag_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint32_t *flag_page;
 static int flag_used = FLAG_SLOTS;
-
-/*
- * Owner: the communicator (created by the first device call, freed by
- * weft_dev_destroy).  Invariants: jobs are run in queue order by the one
- * worker thread; *flag only grows (mod 2^32) and every stream waiting for
- * a value <= *flag may go.
- */
-struct weft_dev {
-    struct weft_comm *comm;
-    const struct weft_cu *cu;
-    CUcontext ctx;
-    CUdevice primary_dev;        /* ctx is that device's retained primary one, or -1 */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct dev_job *head, *tail; /* (mu) */
-    size_t queued;               /* (mu) jobs not yet finished */
-    bool stop;                   /* (mu) */
-    _Atomic int abort;
-    pthread_t thread;
-    bool started;
-    uint32_t next_seq;           /* (mu) the last seq handed out */
-    volatile uint32_t *flag;     /* host view of the stream flag */
-    CUdeviceptr flag_dev;        /* its device address */
-    /* Worker-only state. */
-    CUstream copy;               /* the worker's stream for staging copies */
-    CUevent ev_in[2];            /* segment copied in to slot s */
-    char *stage;                 /* pinned staging, stage_bytes */
-    size_t stage_bytes;
-    size_t seg_bytes;            /* WEFT_CUDA_STAGE_BYTES */
-    CUevent *events;             /* recycled start events (mu) */
-    size_t nevents, cap_events;
-};
 
 /* The per-comm pointer; created under create_mu. */
 static pthread_mutex_t create_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -88,7 +32,7 @@ static inline struct weft_dev *dev_of(struct weft_comm *comm)
     return atomic_load(&comm->dev);
 }
 
-static weft_status_t cu_check(struct weft_dev *d, CUresult r, const char *what)
+weft_status_t weft_dev_cu_check(struct weft_dev *d, CUresult r, const char *what)
 {
     if (r == CUDA_SUCCESS)
         return WEFT_OK;
@@ -134,7 +78,7 @@ static weft_status_t flag_alloc(struct weft_dev *d)
         CUresult r = d->cu->cuMemHostAlloc(&p, FLAG_SLOTS * sizeof(uint32_t),
                                            CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
         if (r != CUDA_SUCCESS)
-            st = cu_check(d, r, "cuMemHostAlloc of the stream flags");
+            st = weft_dev_cu_check(d, r, "cuMemHostAlloc of the stream flags");
         else {
             memset(p, 0, FLAG_SLOTS * sizeof(uint32_t));
             flag_page = p;
@@ -143,7 +87,7 @@ static weft_status_t flag_alloc(struct weft_dev *d)
     }
     if (st == WEFT_OK) {
         d->flag = &flag_page[flag_used++];
-        st = cu_check(d, d->cu->cuMemHostGetDevicePointer(&d->flag_dev, (void *)d->flag, 0),
+        st = weft_dev_cu_check(d, d->cu->cuMemHostGetDevicePointer(&d->flag_dev, (void *)d->flag, 0),
                       "cuMemHostGetDevicePointer of a stream flag");
     }
     pthread_mutex_unlock(&flag_mu);
@@ -181,7 +125,7 @@ static void CUDA_CB host_wait_fn(void *arg)
 static weft_status_t stream_wait_flag(struct weft_dev *d, CUstream s, uint32_t seq)
 {
     if (d->cu->memops)
-        return cu_check(d, d->cu->cuStreamWaitValue32(s, d->flag_dev, seq, CU_STREAM_WAIT_VALUE_GEQ),
+        return weft_dev_cu_check(d, d->cu->cuStreamWaitValue32(s, d->flag_dev, seq, CU_STREAM_WAIT_VALUE_GEQ),
                         "cuStreamWaitValue32 on the caller's stream");
     struct host_wait *w = malloc(sizeof(*w));
     if (w == NULL)
@@ -190,7 +134,7 @@ static weft_status_t stream_wait_flag(struct weft_dev *d, CUstream s, uint32_t s
     CUresult r = d->cu->cuLaunchHostFunc(s, host_wait_fn, w);
     if (r != CUDA_SUCCESS)
         free(w);
-    return cu_check(d, r, "cuLaunchHostFunc on the caller's stream");
+    return weft_dev_cu_check(d, r, "cuLaunchHostFunc on the caller's stream");
 }
 
 static weft_status_t event_get(struct weft_dev *d, CUevent *ev)
@@ -202,7 +146,7 @@ static weft_status_t event_get(struct weft_dev *d, CUevent *ev)
     pthread_mutex_unlock(&d->mu);
     if (have)
         return WEFT_OK;
-    return cu_check(d, d->cu->cuEventCreate(ev, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    return weft_dev_cu_check(d, d->cu->cuEventCreate(ev, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
 }
 
 static void event_put(struct weft_dev *d, CUevent ev)
@@ -232,7 +176,7 @@ static weft_status_t wait_event(struct weft_dev *d, CUevent ev)
         if (r == CUDA_SUCCESS)
             return WEFT_OK;
         if (r != CUDA_ERROR_NOT_READY)
-            return cu_check(d, r, "cuEventQuery of the caller's stream");
+            return weft_dev_cu_check(d, r, "cuEventQuery of the caller's stream");
         if (atomic_load(&d->abort))
             return WEFT_ERR_ABORTED;
         if (i < 200)
@@ -255,7 +199,7 @@ static weft_status_t stage_reserve(struct weft_dev *d, size_t bytes)
     d->stage = NULL;
     d->stage_bytes = 0;
     void *p = NULL;
-    WEFT_CHECK(cu_check(d, d->cu->cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE),
+    WEFT_CHECK(weft_dev_cu_check(d, d->cu->cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE),
                         "cuMemHostAlloc of the staging buffers"));
     d->stage = p;
     d->stage_bytes = bytes;
@@ -266,7 +210,7 @@ static weft_status_t stage_reserve(struct weft_dev *d, size_t bytes)
 
 /* Runs n host ops together on the engine (as a group does) and waits for
  * all; the first failure. */
-static weft_status_t run_host(struct weft_dev *d, const struct weft_op_args *args, size_t n)
+weft_status_t weft_dev_run_host(struct weft_dev *d, const struct weft_op_args *args, size_t n)
 {
     struct weft_comm *comm = d->comm;
     struct weft_op *ops[n];
@@ -331,7 +275,7 @@ static weft_status_t copy2d(struct weft_dev *d, void *dst, size_t dpitch, const 
     if (width == 0 || rows == 0)
         return WEFT_OK;
     if (rows == 1 || (dpitch == width && spitch == width))
-        return cu_check(d, d->cu->cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
+        return weft_dev_cu_check(d, d->cu->cuMemcpyAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src,
                                                 width * rows, d->copy),
                         "cuMemcpyAsync (staging)");
     CUDA_MEMCPY2D c = {0};
@@ -343,7 +287,7 @@ static weft_status_t copy2d(struct weft_dev *d, void *dst, size_t dpitch, const 
     c.dstPitch = dpitch;
     c.WidthInBytes = width;
     c.Height = rows;
-    return cu_check(d, d->cu->cuMemcpy2DAsync(&c, d->copy), "cuMemcpy2DAsync (staging)");
+    return weft_dev_cu_check(d, d->cu->cuMemcpy2DAsync(&c, d->copy), "cuMemcpy2DAsync (staging)");
 }
 
 /* One call, cut into segments that go through two staging slots: the copy
@@ -376,7 +320,7 @@ static weft_status_t run_segmented(struct weft_dev *d, const struct weft_op_args
             if (snd)
                 st = copy2d(d, slot_in[s], mj * es, sb + o * es, n * es, mj * es, (size_t)bi);
             if (st == WEFT_OK)
-                st = cu_check(d, d->cu->cuEventRecord(d->ev_in[s], d->copy), "cuEventRecord");
+                st = weft_dev_cu_check(d, d->cu->cuEventRecord(d->ev_in[s], d->copy), "cuEventRecord");
         }
         if (j == 0 || st != WEFT_OK)
             continue;
@@ -384,18 +328,18 @@ static weft_status_t run_segmented(struct weft_dev *d, const struct weft_op_args
         size_t k = j - 1;
         int s = (int)(k & 1);
         size_t o = k * m, mk = n - o < m ? n - o : m;
-        st = cu_check(d, d->cu->cuEventSynchronize(d->ev_in[s]), "cuEventSynchronize (staging)");
+        st = weft_dev_cu_check(d, d->cu->cuEventSynchronize(d->ev_in[s]), "cuEventSynchronize (staging)");
         if (st != WEFT_OK)
             break;
         struct weft_op_args seg = *a;
         seg.count = mk;
         seg.sendbuf = snd ? slot_in[s] : NULL;
         seg.recvbuf = rcv ? slot_out[s] : NULL;
-        st = run_host(d, &seg, 1);
+        st = weft_dev_run_host(d, &seg, 1);
         if (st == WEFT_OK && rcv)
             st = copy2d(d, rb + o * es, n * es, slot_out[s], mk * es, mk * es, (size_t)bo);
     }
-    weft_status_t sync = cu_check(d, d->cu->cuStreamSynchronize(d->copy), "cuStreamSynchronize (staging)");
+    weft_status_t sync = weft_dev_cu_check(d, d->cu->cuStreamSynchronize(d->copy), "cuStreamSynchronize (staging)");
     return st != WEFT_OK ? st : sync;
 }
 
@@ -436,9 +380,9 @@ static weft_status_t run_together(struct weft_dev *d, struct dev_job *job)
         }
     }
     if (st == WEFT_OK)
-        st = cu_check(d, d->cu->cuStreamSynchronize(d->copy), "cuStreamSynchronize (staging)");
+        st = weft_dev_cu_check(d, d->cu->cuStreamSynchronize(d->copy), "cuStreamSynchronize (staging)");
     if (st == WEFT_OK)
-        st = run_host(d, args, job->ncalls);
+        st = weft_dev_run_host(d, args, job->ncalls);
     for (size_t i = 0; i < job->ncalls && st == WEFT_OK; i++) {
         const struct weft_op_args *a = &job->calls[i].a;
         if (needs_recv(a, rank)) {
@@ -446,7 +390,7 @@ static weft_status_t run_together(struct weft_dev *d, struct dev_job *job)
             st = copy2d(d, a->recvbuf, b, args[i].recvbuf, b, b, 1);
         }
     }
-    weft_status_t sync = cu_check(d, d->cu->cuStreamSynchronize(d->copy), "cuStreamSynchronize (staging)");
+    weft_status_t sync = weft_dev_cu_check(d, d->cu->cuStreamSynchronize(d->copy), "cuStreamSynchronize (staging)");
     return st != WEFT_OK ? st : sync;
 }
 
@@ -458,8 +402,20 @@ static weft_status_t run_job(struct weft_dev *d, struct dev_job *job)
             st = wait_event(d, job->calls[i].start);
     if (st != WEFT_OK)
         return st;
-    if (job->ncalls == 1 && job->calls[0].has_stream)
-        return run_segmented(d, &job->calls[0].a);
+    if (job->ncalls == 1 && job->calls[0].has_stream) {
+        const struct weft_op_args *a = &job->calls[0].a;
+        bool taken = false;
+        if (weft_devipc_applies(d, a)) {
+            WEFT_CHECK(weft_devipc_run(d, a, &taken));
+            if (taken) {
+                atomic_fetch_add(&d->n_ipc, 1);
+                return WEFT_OK;
+            }
+        }
+        atomic_fetch_add(&d->n_staged, 1);
+        return run_segmented(d, a);
+    }
+    atomic_fetch_add(&d->n_staged, job->ncalls);
     return run_together(d, job);
 }
 
@@ -476,7 +432,7 @@ static void *worker_main(void *arg)
 {
     struct weft_dev *d = arg;
     CUresult r = d->cu->cuCtxSetCurrent(d->ctx);
-    weft_status_t setup = cu_check(d, r, "cuCtxSetCurrent in the device worker");
+    weft_status_t setup = weft_dev_cu_check(d, r, "cuCtxSetCurrent in the device worker");
     pthread_mutex_lock(&d->mu);
     for (;;) {
         while (d->head == NULL && !d->stop)
@@ -530,6 +486,7 @@ static void dev_free(struct weft_dev *d)
     const struct weft_cu *cu = d->cu;
     if (d->ctx != NULL)
         cu->cuCtxSetCurrent(d->ctx);
+    weft_devipc_free(d);
     for (int s = 0; s < 2; s++)
         if (d->ev_in[s] != NULL)
             cu->cuEventDestroy(d->ev_in[s]);
@@ -561,8 +518,8 @@ static weft_status_t pick_context(struct weft_dev *d, const struct weft_op_args 
     }
     if (ctx == NULL) {
         CUdevice dev;
-        WEFT_CHECK(cu_check(d, cu->cuDeviceGet(&dev, 0), "cuDeviceGet(0)"));
-        WEFT_CHECK(cu_check(d, cu->cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain"));
+        WEFT_CHECK(weft_dev_cu_check(d, cu->cuDeviceGet(&dev, 0), "cuDeviceGet(0)"));
+        WEFT_CHECK(weft_dev_cu_check(d, cu->cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain"));
         d->primary_dev = dev;
     }
     d->ctx = ctx;
@@ -571,7 +528,7 @@ static weft_status_t pick_context(struct weft_dev *d, const struct weft_op_args 
     CUcontext cur = NULL;
     cu->cuCtxGetCurrent(&cur);
     if (cur == NULL)
-        WEFT_CHECK(cu_check(d, cu->cuCtxSetCurrent(ctx), "cuCtxSetCurrent"));
+        WEFT_CHECK(weft_dev_cu_check(d, cu->cuCtxSetCurrent(ctx), "cuCtxSetCurrent"));
     return WEFT_OK;
 }
 
@@ -598,9 +555,9 @@ static weft_status_t dev_create(struct weft_comm *comm, const struct weft_op_arg
     if (st == WEFT_OK)
         d->next_seq = *d->flag;
     if (st == WEFT_OK)
-        st = cu_check(d, cu->cuStreamCreate(&d->copy, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+        st = weft_dev_cu_check(d, cu->cuStreamCreate(&d->copy, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     for (int s = 0; s < 2 && st == WEFT_OK; s++)
-        st = cu_check(d, cu->cuEventCreate(&d->ev_in[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+        st = weft_dev_cu_check(d, cu->cuEventCreate(&d->ev_in[s], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     if (st == WEFT_OK && pthread_create(&d->thread, NULL, worker_main, d) != 0)
         st = weft_error(weft_comm_err(comm), WEFT_ERR_SYSTEM, "%s: cannot start the device worker", fn);
     if (st != WEFT_OK) {
@@ -641,7 +598,7 @@ static weft_status_t call_prepare(struct weft_dev *d, struct dev_call *c, const 
     if (!has_stream)
         return WEFT_OK;
     WEFT_CHECK(event_get(d, &c->start));
-    weft_status_t st = cu_check(d, d->cu->cuEventRecord(c->start, c->stream), "cuEventRecord on the caller's stream");
+    weft_status_t st = weft_dev_cu_check(d, d->cu->cuEventRecord(c->start, c->stream), "cuEventRecord on the caller's stream");
     if (st != WEFT_OK) {
         event_put(d, c->start);
         c->start = NULL;
@@ -830,6 +787,13 @@ void weft_dev_destroy(struct weft_comm *comm)
     flag_raise(d, d->next_seq);
     atomic_store(&comm->dev, NULL);
     dev_free(d);
+}
+
+void weft_dev_stats(struct weft_comm *comm, uint64_t *ipc, uint64_t *staged)
+{
+    struct weft_dev *d = dev_of(comm);
+    *ipc = d ? atomic_load(&d->n_ipc) : 0;
+    *staged = d ? atomic_load(&d->n_staged) : 0;
 }
 
 int weft_cuda_device_count(void)

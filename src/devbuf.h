@@ -35,4 +35,7 @@ void weft_dev_abort(struct weft_comm *comm) WEFT_HIDDEN;
 /* Destroy: finishes the queued jobs, stops the worker, frees it. */
 void weft_dev_destroy(struct weft_comm *comm) WEFT_HIDDEN;
 
+/* Calls of comm that went through CUDA IPC and through staging (tests). */
+void weft_dev_stats(struct weft_comm *comm, uint64_t *ipc, uint64_t *staged) WEFT_HIDDEN;
+
 #endif /* WEFT_DEVBUF_H */

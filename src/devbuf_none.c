@@ -40,6 +40,11 @@ void weft_dev_destroy(struct weft_comm *comm)
 {
 }
 
+void weft_dev_stats(struct weft_comm *comm, uint64_t *ipc, uint64_t *staged)
+{
+    *ipc = *staged = 0;
+}
+
 int weft_cuda_device_count(void)
 {
     return 0;

@@ -15,6 +15,7 @@
 
 #include "algorithms/schedule.h"
 #include "base/cudrv.h"
+#include "devbuf.h"
 #include "harness.h"
 
 /* Points weft at the fake before anything reads the parameters. */
@@ -167,19 +168,41 @@ static int body_matrix(weft_comm_t comm, int rank, int p, void *arg)
             one_coll(comm, rank, p, &g, colls[c], WEFT_FLOAT32, 1000, DEV_HOST))
             return 1;
     }
+    /* The path the calls took: what the test asked for (arg). */
+    uint64_t ipc, staged;
+    weft_dev_stats((struct weft_comm *)comm, &ipc, &staged);
+    const char *want = arg;
+    if ((strcmp(want, "ipc") == 0 && ipc < 80) || (strcmp(want, "staged") == 0 && ipc != 0))
+        return weft_test_fail(rank, "wanted %s: %llu calls through IPC, %llu staged", want,
+                              (unsigned long long)ipc, (unsigned long long)staged);
     return 0;
 }
 
-Test(cuda, stream_matrix_2_ranks, .timeout = 120)
+/* One host: CUDA IPC and GPU kernels (the fake runs them on the CPU). */
+Test(cuda, stream_matrix_ipc_2_ranks, .timeout = 120)
 {
     use_fake(NULL);
-    cr_assert_eq(weft_test_run(2, 100, body_matrix, NULL), 0);
+    cr_assert_eq(weft_test_run(2, 100, body_matrix, "ipc"), 0);
 }
 
-Test(cuda, stream_matrix_3_ranks_tcp, .timeout = 120)
+Test(cuda, stream_matrix_ipc_3_ranks, .timeout = 120)
 {
-    use_fake("WEFT_TRANSPORT=tcp");
-    cr_assert_eq(weft_test_run(3, 100, body_matrix, NULL), 0);
+    use_fake(NULL);
+    cr_assert_eq(weft_test_run(3, 100, body_matrix, "ipc"), 0);
+}
+
+/* Staged through pinned memory: IPC turned off, and ranks posing as
+ * three hosts over TCP. */
+Test(cuda, stream_matrix_staged_2_ranks, .timeout = 120)
+{
+    use_fake("WEFT_CUDA_IPC=0");
+    cr_assert_eq(weft_test_run(2, 100, body_matrix, "staged"), 0);
+}
+
+Test(cuda, stream_matrix_staged_3_hosts_tcp, .timeout = 120)
+{
+    use_fake("WEFT_TEST_HOSTS=3");
+    cr_assert_eq(weft_test_run(3, 100, body_matrix, "staged"), 0);
 }
 
 /* The collective waits for the stream's earlier work: the stream is held
@@ -391,4 +414,56 @@ Test(cuda, no_device_is_a_clear_error, .timeout = 30)
 {
     use_fake("FAKECUDA_DEVICES=0");
     cr_assert_eq(weft_test_run(2, 20, body_no_driver, "no CUDA device"), 0);
+}
+
+/* Deterministic results with device buffers: random floats (sums that
+ * round), the same bits on every rank and on a second run. */
+static int body_det(weft_comm_t comm, int rank, int p, void *arg)
+{
+    struct gpu g;
+    if (gpu_open(rank, &g))
+        return 1;
+    size_t n = 10007;
+    float *h = malloc(n * 4), *o1 = malloc(n * 4), *o2 = malloc(n * 4);
+    uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(rank + 1);
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        h[i] = (float)((double)(x >> 11) / 9007199254740992.0 * 2e3 - 1e3) / 7.0f;
+    }
+    void *s = dev_alloc(&g, n * 4), *r = dev_alloc(&g, n * 4);
+    to_dev(&g, s, h, n * 4);
+    for (int run = 0; run < 2; run++) {
+        WT_CHECK_OK(rank, comm, "allreduce_stream", weft_allreduce_stream(s, r, n, WEFT_FLOAT32, WEFT_SUM, comm, g.s));
+        g.cu->cuStreamSynchronize(g.s);
+        to_host(&g, run ? o2 : o1, r, n * 4);
+    }
+    if (memcmp(o1, o2, n * 4) != 0)
+        return weft_test_fail(rank, "two runs differ");
+    uint64_t hash = 1469598103934665603ull, all[64];
+    for (size_t i = 0; i < n * 4; i++)
+        hash = (hash ^ ((unsigned char *)o1)[i]) * 1099511628211ull;
+    WT_CHECK_OK(rank, comm, "allgather", weft_allgather(&hash, all, 1, WEFT_UINT64, comm));
+    for (int q = 0; q < p; q++)
+        if (all[q] != hash)
+            return weft_test_fail(rank, "rank %d got other bits", q);
+    dev_free(&g, s);
+    dev_free(&g, r);
+    free(h);
+    free(o1);
+    free(o2);
+    return 0;
+}
+
+Test(cuda, deterministic_ipc_3_ranks, .timeout = 60)
+{
+    use_fake("WEFT_DETERMINISTIC=1");
+    cr_assert_eq(weft_test_run(3, 50, body_det, NULL), 0);
+}
+
+Test(cuda, deterministic_staged_3_ranks, .timeout = 60)
+{
+    use_fake("WEFT_DETERMINISTIC=1");
+    putenv("WEFT_CUDA_IPC=0");
+    weft_param_reload();
+    cr_assert_eq(weft_test_run(3, 50, body_det, NULL), 0);
 }

@@ -41,6 +41,10 @@
 #include "base/sock.h"
 #include "select/topo.h"
 #include "select/tune.h"
+#ifdef HAVE_CUDA
+#include "base/cudrv.h"
+#include "src/cuda/kernels.h"
+#endif
 
 /* Every table: the core one, then each transport's in registry order. */
 static void params(bool markdown)
@@ -388,7 +392,18 @@ int main(int argc, char **argv)
     for (int i = 0; i < WEFT_ALGO_COUNT; i++)
         printf(" %s", weft_algo_name(i));
     printf(" (WEFT_ALGO restricts them)\n");
-    printf("configure found: hwloc %s (topology: %s), CUDA %s (no transport uses it yet)\n",
-           yes(hwloc), hwloc ? "hwloc" : "/sys and /proc", yes(cuda));
+    printf("configure found: hwloc %s (topology: %s), CUDA %s\n", yes(hwloc),
+           hwloc ? "hwloc" : "/sys and /proc", yes(cuda));
+#ifdef HAVE_CUDA
+    const char *why = NULL;
+    const struct weft_cu *cu = weft_cu_get(&why);
+    if (cu != NULL)
+        printf("CUDA: driver %d.%d, %d device(s), streams wait %s; GPU kernels %s\n",
+               cu->version / 1000, cu->version % 1000 / 10, cu->ndev,
+               cu->memops ? "on a flag (stream memory operations)" : "in host functions",
+               weft_cuda_fatbin_len ? "built (nvcc)" : "not built (device reductions through host memory)");
+    else
+        printf("CUDA: %s; device buffers and streams unavailable\n", why);
+#endif
     return 0;
 }
