@@ -8,9 +8,9 @@
 #
 #   tools/gpu-check.sh [RESULTS]     (default ./gpu-check.txt; also $OUT/gpu-check.txt)
 #
-# GPU_CHECK_BUDGET (seconds, default 450) bounds the whole run; CUDA_HOME
-# (default /usr/local/cuda) is the toolkit.  Exit 0 when every step that
-# ran passed.
+# GPU_CHECK_BUDGET (seconds, default 450) bounds the whole run,
+# GPU_CHECK_JOBS (default 16) is make's -j; CUDA_HOME (default
+# /usr/local/cuda) is the toolkit.  Exit 0 when every step that ran passed.
 set -u
 
 res=$(realpath -m -- "${1:-gpu-check.txt}")
@@ -23,6 +23,7 @@ export CUDA_HOME PATH="$CUDA_HOME/bin:$PATH"
 # One host, no network needed: every rank talks over loopback and shm.
 export WEFT_SOCKET_IFNAME=${WEFT_SOCKET_IFNAME:-lo}
 budget=${GPU_CHECK_BUDGET:-450}
+jobs=${GPU_CHECK_JOBS:-16}
 t_end=$((SECONDS + budget))
 mkdir -p "$(dirname "$res")" "$logs" || exit 2
 : >"$res" || exit 2
@@ -115,7 +116,7 @@ elif run "$bld" "$logs/configure.log" "$(allow 120 240)" "$src/configure" --with
     grep 'configure: weft' "$logs/configure.log" | tee -a "$res"
     perf_progs="all_reduce_perf reduce_scatter_perf all_gather_perf broadcast_perf reduce_perf sendrecv_perf"
     # shellcheck disable=SC2086
-    if run "$bld" "$logs/make.log" "$(allow 240 180)" make -j16 weftrun weft-info gpu_copy \
+    if run "$bld" "$logs/make.log" "$(allow 240 180)" make -j"$jobs" weftrun weft-info gpu_copy \
         libweft_nccl.la $perf_progs; then
         built=1
         step "b build" PASS "$(grep -o 'cuda=[a-z]* nvcc=[a-z]*' "$logs/configure.log" | head -n1)"
