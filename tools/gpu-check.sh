@@ -10,7 +10,8 @@
 #
 # GPU_CHECK_BUDGET (seconds, default 450) bounds the whole run,
 # GPU_CHECK_JOBS (default 16) is make's -j; CUDA_HOME (default
-# /usr/local/cuda) is the toolkit.  Exit 0 when every step that ran passed.
+# /usr/local/cuda) is the toolkit.  Exit 0 when no step failed (a busbw
+# under the goal is BELOW, not a failure).
 set -u
 
 res=$(realpath -m -- "${1:-gpu-check.txt}")
@@ -30,7 +31,7 @@ mkdir -p "$(dirname "$res")" "$logs" || exit 2
 
 S_NAME=() S_STAT=() S_NOTE=()
 
-say() { printf '%s\n' "$*" | tee -a "$res"; }
+say() { printf '%s\n' "$@" | tee -a "$res"; }
 
 # step NAME STATUS NOTE: one row of the final table.
 step() {
@@ -162,20 +163,23 @@ if ((built)); then
     # First the numbers the goal is about: all_reduce at 64 MiB and 1 GiB.
     for n in 2 4; do
         log=$logs/busbw-n$n.log
-        if run "$bld" "$log" "$(allow 90 $keep_d)" ./weftrun -n "$n" ./all_reduce_perf -G 1 -c 1 \
-            -b 64M -e 1G -f 16 -n 20; then
+        run "$bld" "$log" "$(allow 90 $keep_d)" ./weftrun -n "$n" ./all_reduce_perf -G 1 -c 1 \
+            -b 64M -e 1G -f 16 -w 5 -n 20
+        rc=$?
+        if ((rc == 0)); then
             read -r o64 i64 <<<"$(busbw "$log" 67108864)"
             read -r o1g i1g <<<"$(busbw "$log" 1073741824)"
             note="busbw 64 MiB ${o64:-?} GB/s = $(ratio "${o64:-0}" "$copy64") x copy, 1 GiB ${o1g:-?} GB/s = $(ratio "${o1g:-0}" "$copy1g") x copy (in place $(ratio "${i64:-0}" "$copy64"), $(ratio "${i1g:-0}" "$copy1g"))"
             ok=PASS
             if [ "$n" = 2 ]; then
                 good=$(awk -v a="$(ratio "${o1g:-0}" "$copy1g")" 'BEGIN { print (a + 0 >= 0.8) }')
-                ((good)) || ok=FAIL
+                ((good)) || ok=BELOW
                 note="$note; goal >= 0.8"
             fi
             step "d busbw n=$n" $ok "$note"
         else
-            step "d busbw n=$n" FAIL "all_reduce_perf -G 1 failed ($(rows "$log"))"
+            read -r nrows nbad oob <<<"$(rows "$log")"
+            step "d busbw n=$n" FAIL "exit $rc, $nrows rows (2 expected), $nbad with #wrong != 0, out of bounds: $oob"
         fi
     done
     # Every tool over 8 B .. 1 GiB.
@@ -269,12 +273,13 @@ fi
 
 # ---- (g) summary ------------------------------------------------------------
 say "" "## summary ($((SECONDS))s of ${budget}s)"
-fails=0
+fails=0 below=0
 for i in "${!S_NAME[@]}"; do
     say "$(printf '%-32s %-5s %s' "${S_NAME[$i]}" "${S_STAT[$i]}" "${S_NOTE[$i]}")"
     [ "${S_STAT[$i]}" = FAIL ] && fails=$((fails + 1))
+    [ "${S_STAT[$i]}" = BELOW ] && below=$((below + 1))
 done
-say "gpu-check: $fails step(s) failed; results in $res"
+say "gpu-check: $fails step(s) failed, $below below the busbw goal; results in $res"
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
     cp "$res" "$OUT/gpu-check.txt"
     cp "$bld/config.log" "$OUT/config.log" 2>/dev/null
