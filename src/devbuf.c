@@ -190,17 +190,43 @@ static weft_status_t wait_event(struct weft_dev *d, CUevent ev)
     }
 }
 
+static void retired_free(struct weft_dev *d, const struct weft_dev_retired *r)
+{
+    switch (r->kind) {
+    case WEFT_RETIRE_HOST: d->cu->cuMemFreeHost((void *)r->p); break;
+    case WEFT_RETIRE_DEVICE: d->cu->cuMemFree((CUdeviceptr)r->p); break;
+    case WEFT_RETIRE_IPC: d->cu->cuIpcCloseMemHandle((CUdeviceptr)r->p); break;
+    }
+}
+
+void weft_dev_retire(struct weft_dev *d, enum weft_dev_retire_kind kind, uintptr_t p)
+{
+    struct weft_dev_retired r = {kind, p};
+    if (d->nretired == d->cap_retired) {
+        size_t cap = d->cap_retired ? 2 * d->cap_retired : 8;
+        struct weft_dev_retired *n = realloc(d->retired, cap * sizeof(*n));
+        if (n == NULL) {
+            retired_free(d, &r);
+            return;
+        }
+        d->retired = n;
+        d->cap_retired = cap;
+    }
+    d->retired[d->nretired++] = r;
+}
+
+/* Grows the pinned staging area (doubling, so few buffers are retired). */
 static weft_status_t stage_reserve(struct weft_dev *d, size_t bytes)
 {
     if (bytes <= d->stage_bytes)
         return WEFT_OK;
-    if (d->stage != NULL)
-        d->cu->cuMemFreeHost(d->stage);
-    d->stage = NULL;
-    d->stage_bytes = 0;
+    if (bytes < 2 * d->stage_bytes)
+        bytes = 2 * d->stage_bytes;
     void *p = NULL;
     WEFT_CHECK(weft_dev_cu_check(d, d->cu->cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE),
-                        "cuMemHostAlloc of the staging buffers"));
+                                 "cuMemHostAlloc of the staging buffers"));
+    if (d->stage != NULL)
+        weft_dev_retire(d, WEFT_RETIRE_HOST, (uintptr_t)d->stage);
     d->stage = p;
     d->stage_bytes = bytes;
     return WEFT_OK;
@@ -487,6 +513,9 @@ static void dev_free(struct weft_dev *d)
     if (d->ctx != NULL)
         cu->cuCtxSetCurrent(d->ctx);
     weft_devipc_free(d);
+    for (size_t i = 0; i < d->nretired; i++)
+        retired_free(d, &d->retired[i]);
+    free(d->retired);
     for (int s = 0; s < 2; s++)
         if (d->ev_in[s] != NULL)
             cu->cuEventDestroy(d->ev_in[s]);
@@ -697,10 +726,11 @@ weft_status_t weft_dev_call(struct weft_comm *comm, const struct weft_op_args *a
         struct group_job *g = group_slot(d);
         if (g == NULL)
             return weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "%s: cannot queue in the group", fn);
+        /* The stream waits are enqueued at group end, after every call
+         * of the group has recorded its event: a wait before a later
+         * call's event on the same stream would hold that event forever. */
         WEFT_CHECK(call_prepare(d, &c, a, has_stream, stream));
-        weft_status_t st = has_stream ? stream_wait_flag(d, c.stream, g->job->seq) : WEFT_OK;
-        if (st == WEFT_OK)
-            st = job_add(comm, g->job, &c);
+        weft_status_t st = job_add(comm, g->job, &c);
         if (st != WEFT_OK && c.start != NULL)
             event_put(d, c.start);
         g->job->waited |= !has_stream;
@@ -738,8 +768,22 @@ weft_status_t weft_dev_group_end(void)
     weft_status_t first = WEFT_OK;
     size_t n = ngjobs;
     ngjobs = 0;
-    for (size_t i = 0; i < n; i++)
-        job_enqueue(gjobs[i].d, gjobs[i].job);
+    for (size_t i = 0; i < n; i++) {
+        struct weft_dev *d = gjobs[i].d;
+        struct dev_job *job = gjobs[i].job;
+        for (size_t k = 0; k < job->ncalls; k++) {
+            struct dev_call *c = &job->calls[k];
+            bool seen = false;
+            for (size_t j = 0; j < k && !seen; j++)
+                seen = job->calls[j].has_stream && job->calls[j].stream == c->stream;
+            if (!c->has_stream || seen)
+                continue;
+            weft_status_t st = stream_wait_flag(d, c->stream, job->seq);
+            if (first == WEFT_OK)
+                first = st;
+        }
+        job_enqueue(d, job);
+    }
     for (size_t i = 0; i < n; i++) {
         if (!gjobs[i].job->waited)
             continue;

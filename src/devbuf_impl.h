@@ -64,7 +64,21 @@ struct weft_dev {
     size_t nevents, cap_events;
     struct weft_devipc *ipc;     /* CUDA IPC state (devipc.c), NULL until used */
     _Atomic uint64_t n_ipc, n_staged; /* calls that took each path */
+    /* Memory to give back at destroy, not before: freeing pinned or device
+     * memory (and closing IPC mappings) may wait for the whole device, and
+     * a stream may be waiting for the job that frees it. */
+    struct weft_dev_retired *retired;
+    size_t nretired, cap_retired;
 };
+
+enum weft_dev_retire_kind { WEFT_RETIRE_HOST, WEFT_RETIRE_DEVICE, WEFT_RETIRE_IPC };
+struct weft_dev_retired {
+    enum weft_dev_retire_kind kind;
+    uintptr_t p;
+};
+/* Keeps p until the device state is freed (worker only); on no memory it
+ * is freed at once. */
+void weft_dev_retire(struct weft_dev *d, enum weft_dev_retire_kind kind, uintptr_t p) WEFT_HIDDEN;
 
 
 /* Maps a CUresult to a status with the driver's text in the comm's error. */

@@ -125,7 +125,7 @@ static weft_status_t import(struct weft_dev *d, struct weft_devipc *x, const CUi
             lru = m;
     }
     if (lru->used)
-        d->cu->cuIpcCloseMemHandle(lru->base);
+        weft_dev_retire(d, WEFT_RETIRE_IPC, (uintptr_t)lru->base);
     lru->used = false;
     WEFT_CHECK(cu(d, d->cu->cuIpcOpenMemHandle(base, *h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
                   "cuIpcOpenMemHandle of a peer's buffer"));
@@ -176,7 +176,7 @@ static weft_status_t chain(struct weft_dev *d, struct weft_devipc *x, CUdevicept
     if (out == 0) {
         if (x->scratch_bytes < bytes) {
             if (x->scratch)
-                d->cu->cuMemFree(x->scratch);
+                weft_dev_retire(d, WEFT_RETIRE_DEVICE, (uintptr_t)x->scratch);
             x->scratch = 0;
             x->scratch_bytes = 0;
             WEFT_CHECK(cu(d, d->cu->cuMemAlloc(&x->scratch, bytes), "cuMemAlloc of the IPC scratch"));

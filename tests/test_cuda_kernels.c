@@ -14,16 +14,7 @@
 #include "src/reduce.h"
 #include "testutil.h"
 
-/* The emulation's table (fakecuda.h declares it; a copy until then). */
-#ifndef FAKECUDA_KERNEL_DEFINED
-#define FAKECUDA_KERNEL_DEFINED
-struct fakecuda_kernel {
-    const char *name;
-    void (*run)(void **params, unsigned grid_x, unsigned block_x, void *(*xlat)(CUdeviceptr p));
-};
-#endif
-extern const struct fakecuda_kernel fakecuda_kernels[];
-extern const size_t fakecuda_nkernels;
+#include "tests/fakecuda/fakecuda.h"
 
 static const size_t esize[WEFT_NUM_DTYPES] = { 1, 1, 4, 4, 8, 8, 2, 4, 8, 2 };
 static const char *const dname[WEFT_NUM_DTYPES] = { "int8", "uint8", "int32", "uint32", "int64",

@@ -7,18 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* fakecuda.h declares this struct and defines the guard; a copy until
- * this file includes it. */
-#ifndef FAKECUDA_KERNEL_DEFINED
-#define FAKECUDA_KERNEL_DEFINED
-/* One kernel of the fake module: run is cuLaunchKernel's work for a grid
- * of grid_x blocks of block_x threads, params its kernelParams, xlat the
- * driver's map from a device pointer to the host memory behind it. */
-struct fakecuda_kernel {
-    const char *name;
-    void (*run)(void **params, unsigned grid_x, unsigned block_x, void *(*xlat)(CUdeviceptr p));
-};
-#endif
+#include "tests/fakecuda/fakecuda.h"
 
 /* What the body reads of CUDA: the grid coordinates, set before each call;
  * thread-local, so launches on several host threads (streams) do not mix. */
@@ -71,7 +60,9 @@ WEFT_ELEM_DTYPES(FK_RUN_ROW)
 
 /* The name is spelled from the same tokens as the kernel it runs, so an
  * entry cannot name a kernel that kernels_body.h does not define. */
-#define FK_ENTRY(op, OP, name, ...) { "weft_k_" #name "_" #op, run_##name##_##op },
+/* Launch arguments: dst, a, b (CUdeviceptr), n (size_t), div (int). */
+#define FK_PARAMS { sizeof(CUdeviceptr), sizeof(CUdeviceptr), sizeof(CUdeviceptr), sizeof(size_t), sizeof(int), 0 }
+#define FK_ENTRY(op, OP, name, ...) { "weft_k_" #name "_" #op, run_##name##_##op, FK_PARAMS },
 #define FK_ENTRY_ROW(...) WEFT_ELEM_OPS(FK_ENTRY, __VA_ARGS__)
 const struct fakecuda_kernel fakecuda_kernels[] = { WEFT_ELEM_DTYPES(FK_ENTRY_ROW) };
 #undef FK_ENTRY_ROW
