@@ -419,6 +419,18 @@ static void *perf_dev(const perf_ctx_t *ctx, const void *p)
     return (unsigned char *)perf_gpu_buf(ctx->gpu, which) + off;
 }
 
+/* -G 1: copies bytes at host address p (in sendbuf or recvbuf) to its
+ * device twin, or back. */
+static weft_status_t perf_put(perf_ctx_t *ctx, const void *p, size_t bytes)
+{
+    return perf_gpu_put(ctx->gpu, perf_dev(ctx, p), p, bytes);
+}
+
+static weft_status_t perf_get(perf_ctx_t *ctx, void *p, size_t bytes)
+{
+    return perf_gpu_get(ctx->gpu, p, perf_dev(ctx, p), bytes);
+}
+
 /* -G 1: the bytes at the start of recvbuf that a placement's outputs and
  * in-place input cover, copied to the device before a checked call and
  * back after it. */
@@ -624,7 +636,7 @@ static weft_status_t perf_measure(perf_ctx_t *ctx, size_t bytes, int root, int i
     table_of_constant(p->dtype, p->reduces && p->op == WEFT_SUM ? 0.0 : 1.0, ctx->tab_tmp);
     buffer_fill(l.in, l.in_count, ts, ctx->tab_tmp, 0);
     weft_status_t st;
-    if (ctx->gpu && (st = perf_gpu_put(ctx->gpu, perf_dev(ctx, l.in), l.in, l.in_count * ts)) != WEFT_OK)
+    if (ctx->gpu && (st = perf_put(ctx, l.in, l.in_count * ts)) != WEFT_OK)
         return st;
     if ((st = perf_time(ctx, &run, ctx->rounds_us[in_place], time_us)) != WEFT_OK)
         return st;
@@ -640,14 +652,12 @@ static weft_status_t perf_measure(perf_ctx_t *ctx, size_t bytes, int root, int i
             buffer_fill(l.in, l.in_count, ts, ctx->tab_in, 0);
         /* -G 1: the poisoned outputs (and an in-place input) live in the
          * first recv_bytes of recvbuf; an out-of-place input in sendbuf. */
-        if (ctx->gpu &&
-            ((st = perf_gpu_put(ctx->gpu, perf_dev(ctx, ctx->recvbuf), ctx->recvbuf, recv_bytes)) != WEFT_OK ||
-             (!in_place && (st = perf_gpu_put(ctx->gpu, perf_dev(ctx, l.in), l.in, l.in_count * ts)) != WEFT_OK)))
+        if (ctx->gpu && ((st = perf_put(ctx, ctx->recvbuf, recv_bytes)) != WEFT_OK ||
+                         (!in_place && (st = perf_put(ctx, l.in, l.in_count * ts)) != WEFT_OK)))
             return st;
         PERF_CHECK(ctx, coll->name, perf_run(coll->kind, &run, c));
-        if (ctx->gpu &&
-            ((st = perf_wait(ctx, &run, c)) != WEFT_OK ||
-             (st = perf_gpu_get(ctx->gpu, ctx->recvbuf, perf_dev(ctx, ctx->recvbuf), recv_bytes)) != WEFT_OK))
+        if (ctx->gpu && ((st = perf_wait(ctx, &run, c)) != WEFT_OK ||
+                         (st = perf_get(ctx, ctx->recvbuf, recv_bytes)) != WEFT_OK))
             return st;
         perf_outputs(ctx, &l, root, &w);
         PERF_CHECK(ctx, "weft_allreduce (check)",
@@ -1030,7 +1040,8 @@ int perf_main(perf_kind_t kind, int argc, char **argv)
     }
     /* No rank exits before that line is out: a launcher stops the others
      * when the first one fails. */
-    if (failed[1] && (st = weft_allreduce(failed, failed, 1, WEFT_INT32, WEFT_MAX, ctx->comm)) != WEFT_OK) {
+    if (failed[1] &&
+        (st = weft_allreduce(failed, failed, 1, WEFT_INT32, WEFT_MAX, ctx->comm)) != WEFT_OK) {
         perf_fail(ctx, "weft_allreduce (setup)", st);
         goto out_abort;
     }

@@ -164,8 +164,8 @@ static void enqueue_allreduce(job<T> *j, ncclDataType_t dt, ncclComm_t comm, cud
     fill_slow<T><<<GRID, BLOCK, 0, s>>>(j->send, j->count, rank_, SPIN);
     CUDAOK(cudaGetLastError());
     NCCLOK(ncclAllReduce(j->send, j->recv, j->count, dt, ncclSum, comm, s));
-    check_kernel<T><<<GRID, BLOCK, 0, s>>>(j->recv, j->count, (long long)nranks_ * (nranks_ + 1) / 2,
-                                           j->wrong);
+    long long sum = (long long)nranks_ * (nranks_ + 1) / 2;
+    check_kernel<T><<<GRID, BLOCK, 0, s>>>(j->recv, j->count, sum, j->wrong);
     CUDAOK(cudaGetLastError());
 }
 
@@ -252,8 +252,10 @@ static int env_int(const char *const *names)
 
 int main(void)
 {
-    static const char *const rank_vars[] = {"WEFT_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", NULL};
-    static const char *const size_vars[] = {"WEFT_NRANKS", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", NULL};
+    static const char *const rank_vars[] = {"WEFT_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID",
+                                            NULL};
+    static const char *const size_vars[] = {"WEFT_NRANKS", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS",
+                                            NULL};
     static const char *const local_vars[] = {"WEFT_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
                                              "SLURM_LOCALID", NULL};
     rank_ = env_int(rank_vars);
