@@ -10,7 +10,8 @@
 #
 # GPU_CHECK_BUDGET (seconds, default 450) bounds the whole run,
 # GPU_CHECK_JOBS (default 16) is make's -j; CUDA_HOME (default
-# /usr/local/cuda) is the toolkit.  Exit 0 when no step failed (a busbw
+# /usr/local/cuda) is the toolkit; CUDA_ARCHS (default: the GPU's compute
+# capability, else 90) the architectures weft's kernels are built for.  Exit 0 when no step failed (a busbw
 # under the goal is BELOW, not a failure).
 set -u
 
@@ -88,6 +89,11 @@ else
     step "a gpu" FAIL "no nvidia-smi"
 fi
 run "$src" "$logs/nvcc.log" "$(allow 30)" nvcc --version >/dev/null || true
+# The kernels are built for this GPU only: faster, and a toolkit too old
+# for configure's newest default architecture still builds.
+cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '. ')
+case $cc in *[!0-9]* | "") cc=90 ;; esac
+archs=${CUDA_ARCHS:-$cc}
 
 # ---- (b) build --------------------------------------------------------------
 say "" "## (b) build weft --with-cuda into build-gpu/"
@@ -113,7 +119,7 @@ fi
 if [ "$gen" = missing ]; then
     step "b build" FAIL "no configure script and no autotools (carry configure, Makefile.in, aclocal.m4, config.h.in, build-aux, m4)"
 elif run "$bld" "$logs/configure.log" "$(allow 120 240)" "$src/configure" --with-cuda \
-    CUDA_HOME="$CUDA_HOME"; then
+    CUDA_HOME="$CUDA_HOME" CUDA_ARCHS="$archs"; then
     grep 'configure: weft' "$logs/configure.log" | tee -a "$res"
     perf_progs="all_reduce_perf reduce_scatter_perf all_gather_perf broadcast_perf reduce_perf sendrecv_perf"
     # shellcheck disable=SC2086
