@@ -88,7 +88,7 @@ if command -v nvidia-smi >/dev/null; then
 else
     step "a gpu" FAIL "no nvidia-smi"
 fi
-run "$src" "$logs/nvcc.log" "$(allow 30)" nvcc --version >/dev/null || true
+run "$src" "$logs/nvcc.log" "$(allow 30)" nvcc --version || true
 # The kernels are built for this GPU only: faster, and a toolkit too old
 # for configure's newest default architecture still builds.
 cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '. ')
