@@ -507,6 +507,7 @@ Test(fakecuda, device_memory_faults_on_the_cpu)
         pid_t pid = fork();
         cr_assert_geq(pid, 0);
         if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
             signal(SIGSEGV, SIG_DFL);
             volatile uint8_t *p = (volatile uint8_t *)(uintptr_t)(d + 10);
             if (write)
@@ -760,6 +761,7 @@ Test(fakecuda, fork_child_starts_over)
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         CUdeviceptr e;
         CHILD_CK(cu.cuMemAlloc(&e, 64) == CUDA_ERROR_NOT_INITIALIZED);
         CHILD_CK(cu.cuInit(0) == CUDA_SUCCESS);

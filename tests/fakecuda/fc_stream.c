@@ -19,6 +19,7 @@ struct fc_stream {
     struct fc_ctx *ctx;
     unsigned flags;
     bool legacy;
+    bool started;                 /* its thread runs (set once) */
     bool dying;                   /* destroyed: the thread exits when empty */
     int refs;
     int hold;                     /* fakecuda_stream_hold count */
@@ -170,6 +171,8 @@ static void *fc_stream_main(void *arg)
 {
     struct fc_stream *s = arg;
     pthread_mutex_lock(&fc.lock);
+    s->started = true;
+    pthread_cond_broadcast(&fc.progress);
     for (;;) {
         while ((s->head == NULL && !s->dying) || (s->head != NULL && s->hold > 0))
             pthread_cond_wait(&s->wake, &fc.lock);
@@ -195,6 +198,7 @@ static void *fc_stream_main(void *arg)
     return NULL;
 }
 
+/* Caller holds fc.lock. */
 static struct fc_stream *fc_stream_new(struct fc_ctx *ctx, unsigned flags, bool legacy)
 {
     struct fc_stream *s = calloc(1, sizeof *s);
@@ -215,6 +219,10 @@ static struct fc_stream *fc_stream_new(struct fc_ctx *ctx, unsigned flags, bool 
     }
     s->next = ctx->streams;
     ctx->streams = s;
+    /* Returns once the thread runs: a fork right after must not find it
+     * half-started (inside a sanitizer's allocator, say). */
+    while (!s->started)
+        pthread_cond_wait(&fc.progress, &fc.lock);
     return s;
 }
 
