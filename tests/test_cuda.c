@@ -214,8 +214,8 @@ static int body_order(weft_comm_t comm, int rank, int p, void *arg)
     if (gpu_open(rank, &g))
         return 1;
     void *fake = dlopen(FAKECUDA_LIB, RTLD_NOW | RTLD_NOLOAD);
-    void (*hold)(CUstream) = fake ? (void (*)(CUstream))dlsym(fake, "fakecuda_stream_hold") : NULL;
-    void (*release)(CUstream) = fake ? (void (*)(CUstream))dlsym(fake, "fakecuda_stream_release") : NULL;
+    CUresult (*hold)(CUstream) = fake ? (CUresult(*)(CUstream))dlsym(fake, "fakecuda_stream_hold") : NULL;
+    CUresult (*release)(CUstream) = fake ? (CUresult(*)(CUstream))dlsym(fake, "fakecuda_stream_release") : NULL;
     if (!hold || !release)
         return weft_test_fail(rank, "fakecuda_stream_hold/release not found");
     size_t n = 5000;

@@ -120,13 +120,19 @@ static int proc_ops(int rank, int n, const weft_unique_id_t *id, void *arg)
     return 0;
 }
 
-Test(cuda_nccl, device_buffers_on_streams, .timeout = 60)
+/* n ranks on the fake driver, each running proc. */
+static void run_on_fake(int n, weft_test_proc_t proc)
 {
     setenv("WEFT_CUDA_DRIVER", FAKECUDA_LIB, 1);
     weft_param_reload();
     struct weft_test_job job;
-    cr_assert_eq(weft_test_job_start_proc(&job, 3, proc_ops, NULL), 0);
+    cr_assert_eq(weft_test_job_start_proc(&job, n, proc, NULL), 0);
     cr_assert_eq(weft_test_job_wait(&job, 50), 0);
+}
+
+Test(cuda_nccl, device_buffers_on_streams, .timeout = 60)
+{
+    run_on_fake(3, proc_ops);
 }
 
 /* A peer that never joins: ncclCommAbort frees the stream waiting on it. */
@@ -156,9 +162,5 @@ static int proc_abort(int rank, int n, const weft_unique_id_t *id, void *arg)
 
 Test(cuda_nccl, abort_frees_the_stream, .timeout = 60)
 {
-    setenv("WEFT_CUDA_DRIVER", FAKECUDA_LIB, 1);
-    weft_param_reload();
-    struct weft_test_job job;
-    cr_assert_eq(weft_test_job_start_proc(&job, 2, proc_abort, NULL), 0);
-    cr_assert_eq(weft_test_job_wait(&job, 50), 0);
+    run_on_fake(2, proc_abort);
 }

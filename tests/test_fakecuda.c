@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -506,6 +507,7 @@ Test(fakecuda, device_memory_faults_on_the_cpu)
         pid_t pid = fork();
         cr_assert_geq(pid, 0);
         if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
             signal(SIGSEGV, SIG_DFL);
             volatile uint8_t *p = (volatile uint8_t *)(uintptr_t)(d + 10);
             if (write)
@@ -759,6 +761,7 @@ Test(fakecuda, fork_child_starts_over)
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         CUdeviceptr e;
         CHILD_CK(cu.cuMemAlloc(&e, 64) == CUDA_ERROR_NOT_INITIALIZED);
         CHILD_CK(cu.cuInit(0) == CUDA_SUCCESS);
@@ -848,8 +851,15 @@ Test(fakecuda, ipc_between_processes)
     cr_assert_eq(pipe(to_child), 0);
     pid_t pid = fork(); /* before any CUDA call: both sides init their own */
     cr_assert_geq(pid, 0);
-    if (pid == 0)
+    if (pid == 0) {
+        /* Dies with the parent, and sees EOF if the parent fails. */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(to_parent[0]);
+        close(to_child[1]);
         ipc_exporter(to_parent[1], to_child[0]);
+    }
+    close(to_parent[1]);
+    close(to_child[0]);
     CK(cu.cuInit(0));
     CK(cu.cuDevicePrimaryCtxRetain(&ctx0, 0));
     CK(cu.cuCtxSetCurrent(ctx0));

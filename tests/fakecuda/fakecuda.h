@@ -8,28 +8,46 @@
  *    0 makes cuInit fail with CUDA_ERROR_NO_DEVICE), FAKECUDA_NO_MEMOPS=1
  *    (CAN_MAP_HOST_MEMORY reads 0, cuStreamWaitValue32/WriteValue32 return
  *    CUDA_ERROR_NOT_SUPPORTED).
- *  - Every call but cuGetErrorString/Name fails with NOT_INITIALIZED before
- *    cuInit.  Allocation, streams, events, copies, modules, launches and IPC
- *    need a context current on the calling thread (INVALID_CONTEXT without
- *    one); cuPointerGetAttributes, cuDevice* and cuCtx* do not.  A host
- *    function running on a stream gets NOT_PERMITTED from every call.
+ *  - Before cuInit every call fails with NOT_INITIALIZED but
+ *    cuGetErrorString/Name and cuDriverGetVersion (13000).  Allocation,
+ *    streams, events, copies, modules, launches and IPC need a context
+ *    current on the calling thread (INVALID_CONTEXT without one,
+ *    CONTEXT_IS_DESTROYED once its primary context is released to zero);
+ *    cuPointerGetAttributes, cuDevice*, cuCtxSetCurrent/GetCurrent do not.
+ *    A host function running on a stream gets NOT_PERMITTED from any call.
  *  - Device memory lives at addresses reserved PROT_NONE: the CPU touching
- *    one faults.  The bytes are in a memfd-backed "shadow" that copies,
+ *    one faults.  Its bytes are in a memfd-backed "shadow" that copies,
  *    kernels and other processes (IPC, through /proc/<pid>/fd) use.
+ *    Pinned host memory is plain host memory (memory type HOST, its device
+ *    pointer its own address); cuMemAllocManaged memory is host memory
+ *    whose attributes say IS_MANAGED.  Pointers the fake did not allocate
+ *    are pageable host memory: their attributes are all zero.
  *  - Each stream is a thread running its commands in order.  The NULL
  *    stream, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are one legacy
  *    stream per context, which orders against blocking streams (created
  *    without CU_STREAM_NON_BLOCKING) as the real legacy stream does.
+ *    cuStreamDestroy returns at once; queued work still runs.
  *  - cuMemFree, cuMemFreeHost and cuIpcCloseMemHandle wait for the work
- *    already enqueued on the streams of the memory's context (of every
- *    context for host memory), as the real ones synchronize.
- *  - Not emulated: timing events, peer access, arrays/textures, graphs,
- *    sticky device errors, resource teardown when a primary context is
- *    released to zero (its calls then fail, its memory stays).
+ *    already queued on the streams of the memory's context (of every
+ *    context for pinned memory), as the real ones synchronize.
+ *  - Copies are checked as the driver checks them: a device range past
+ *    its allocation, device memory named as host memory in a 2D copy, or
+ *    pageable memory named as device memory, is INVALID_VALUE.  Stream
+ *    memory operations take pinned, device or managed memory only.
+ *  - IPC: handles only of an allocation's base; opening one of this
+ *    process is INVALID_CONTEXT (the driver refuses it too), of a freed
+ *    allocation or an exited process INVALID_HANDLE; a second open of one
+ *    handle returns the same address and needs a second close.
+ *  - Kernels: one-dimensional grids and blocks, kernelParams only (not
+ *    extra), run as host functions from a table (struct fakecuda_kernel).
+ *  - Not emulated: timing (cuEventElapsedTime), peer access, arrays and
+ *    textures, graphs, sticky device errors, the teardown of a primary
+ *    context's streams and memory when it is released to zero, dma-buf
+ *    (cuMemGetHandleForAddressRange is NOT_SUPPORTED).
  *  - fork: a child starts un-initialized with none of the parent's
- *    contexts, streams, events or allocations (its copies of the parent's
- *    device addresses stay PROT_NONE, their shadows are unmapped); it calls
- *    cuInit again and starts empty.
+ *    contexts, streams, events, modules or allocations (its copies of the
+ *    parent's device addresses stay PROT_NONE, their shadows are unmapped);
+ *    it calls cuInit again and starts empty.
  */
 #ifndef WEFT_FAKECUDA_H
 #define WEFT_FAKECUDA_H

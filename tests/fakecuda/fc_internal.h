@@ -84,6 +84,31 @@ void *fc_host_addr(CUdeviceptr p, size_t n);
  * was enqueued on them before the call.  Caller holds fc.lock. */
 void fc_drain_locked(struct fc_ctx *ctx);
 
+enum fc_op { OP_COPY, OP_COPY2D, OP_SIGNAL, OP_WAIT_EVENT, OP_WAIT_STREAM, OP_WAIT_VALUE,
+             OP_WRITE_VALUE, OP_HOST_FN, OP_KERNEL };
+
+/* One stream command; device addresses are translated when it runs. */
+struct fc_cmd {
+    struct fc_cmd *next;
+    enum fc_op op;
+    union {
+        struct { CUdeviceptr dst, src; size_t n, dpitch, spitch, height; } copy;
+        struct { struct fc_event *ev; uint64_t gen; } ev;
+        struct { struct fc_stream *s; uint64_t seq; } st;
+        struct { CUdeviceptr addr; uint32_t value; unsigned flags; } val;
+        struct { CUhostFn fn; void *data; } host;
+        struct { const struct fakecuda_kernel *k; unsigned gx, bx; void *args[FAKECUDA_MAX_PARAMS]; } kern;
+    } u;
+    _Alignas(16) unsigned char blob[]; /* the kernel's argument copies */
+};
+
+struct fc_cmd *fc_cmd_new(enum fc_op op, size_t blob);
+/* Queues c on stream h of ctx (c freed on failure; NULL c: out of
+ * memory); the legacy stream for the sync form, which returns once the
+ * stream has run it.  Take fc.lock. */
+CUresult fc_submit(struct fc_ctx *ctx, CUstream h, struct fc_cmd *c);
+CUresult fc_submit_wait(struct fc_ctx *ctx, struct fc_cmd *c);
+
 /* Forgets every stream, event and module (fork child). */
 void fc_streams_forget(void);
 

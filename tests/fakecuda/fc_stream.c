@@ -1,8 +1,7 @@
 /*
  * fc_stream.c - the fake CUDA driver's streams (a thread each, running its
- * commands in order), events, copies, stream memory operations, host
- * functions, modules and kernel launches (host functions from a table),
- * and the test-control holds.
+ * commands in order, the legacy stream ordered against blocking ones),
+ * events, and the test-control holds.  fc_ops.c queues the commands.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +19,7 @@ struct fc_stream {
     struct fc_ctx *ctx;
     unsigned flags;
     bool legacy;
+    bool started;                 /* its thread runs (set once) */
     bool dying;                   /* destroyed: the thread exits when empty */
     int refs;
     int hold;                     /* fakecuda_stream_hold count */
@@ -36,35 +36,6 @@ struct fc_event {
     bool dead;                    /* destroyed: freed with its last ref */
     int refs;
     uint64_t rec, done;
-};
-
-struct fc_func {
-    struct fc_func *next;
-    const struct fakecuda_kernel *k;
-};
-
-struct fc_module {
-    struct fc_module *next;
-    struct fc_ctx *ctx;
-    struct fc_func *funcs;
-};
-
-enum fc_op { OP_COPY, OP_COPY2D, OP_SIGNAL, OP_WAIT_EVENT, OP_WAIT_STREAM, OP_WAIT_VALUE,
-             OP_WRITE_VALUE, OP_HOST_FN, OP_KERNEL };
-
-/* One stream command; device addresses are translated when it runs. */
-struct fc_cmd {
-    struct fc_cmd *next;
-    enum fc_op op;
-    union {
-        struct { CUdeviceptr dst, src; size_t n, dpitch, spitch, height; } copy;
-        struct { struct fc_event *ev; uint64_t gen; } ev;
-        struct { struct fc_stream *s; uint64_t seq; } st;
-        struct { CUdeviceptr addr; uint32_t value; unsigned flags; } val;
-        struct { CUhostFn fn; void *data; } host;
-        struct { const struct fakecuda_kernel *k; unsigned gx, bx; void *args[FAKECUDA_MAX_PARAMS]; } kern;
-    } u;
-    _Alignas(16) unsigned char blob[]; /* the kernel's argument copies */
 };
 
 /* ---- object lookup (caller holds fc.lock) ---- */
@@ -111,15 +82,6 @@ static struct fc_event *fc_event_of(CUevent h)
     for (struct fc_event *e = fc.events; e != NULL; e = e->next)
         if ((CUevent)e == h && !e->dead)
             return e;
-    return NULL;
-}
-
-static const struct fakecuda_kernel *fc_func_of(CUfunction h)
-{
-    for (struct fc_module *m = fc.modules; m != NULL; m = m->next)
-        for (struct fc_func *f = m->funcs; f != NULL; f = f->next)
-            if ((CUfunction)f == h)
-                return f->k;
     return NULL;
 }
 
@@ -209,6 +171,8 @@ static void *fc_stream_main(void *arg)
 {
     struct fc_stream *s = arg;
     pthread_mutex_lock(&fc.lock);
+    s->started = true;
+    pthread_cond_broadcast(&fc.progress);
     for (;;) {
         while ((s->head == NULL && !s->dying) || (s->head != NULL && s->hold > 0))
             pthread_cond_wait(&s->wake, &fc.lock);
@@ -234,6 +198,7 @@ static void *fc_stream_main(void *arg)
     return NULL;
 }
 
+/* Caller holds fc.lock. */
 static struct fc_stream *fc_stream_new(struct fc_ctx *ctx, unsigned flags, bool legacy)
 {
     struct fc_stream *s = calloc(1, sizeof *s);
@@ -254,12 +219,16 @@ static struct fc_stream *fc_stream_new(struct fc_ctx *ctx, unsigned flags, bool 
     }
     s->next = ctx->streams;
     ctx->streams = s;
+    /* Returns once the thread runs: a fork right after must not find it
+     * half-started (inside a sanitizer's allocator, say). */
+    while (!s->started)
+        pthread_cond_wait(&fc.progress, &fc.lock);
     return s;
 }
 
 /* ---- enqueueing (caller holds fc.lock) ---- */
 
-static struct fc_cmd *fc_cmd_new(enum fc_op op, size_t blob)
+struct fc_cmd *fc_cmd_new(enum fc_op op, size_t blob)
 {
     struct fc_cmd *c = calloc(1, sizeof *c + blob);
     if (c != NULL)
@@ -324,7 +293,7 @@ static CUresult fc_submit_on(struct fc_ctx *ctx, CUstream h, struct fc_cmd *c, s
     return CUDA_SUCCESS;
 }
 
-static CUresult fc_submit(struct fc_ctx *ctx, CUstream h, struct fc_cmd *c)
+CUresult fc_submit(struct fc_ctx *ctx, CUstream h, struct fc_cmd *c)
 {
     pthread_mutex_lock(&fc.lock);
     CUresult r = fc_submit_on(ctx, h, c, NULL);
@@ -339,6 +308,17 @@ static void fc_wait_stream(struct fc_stream *s, uint64_t seq)
     while (s->done < seq)
         pthread_cond_wait(&fc.progress, &fc.lock);
     fc_stream_unref(s);
+}
+
+CUresult fc_submit_wait(struct fc_ctx *ctx, struct fc_cmd *c)
+{
+    pthread_mutex_lock(&fc.lock);
+    struct fc_stream *s;
+    CUresult r = fc_submit_on(ctx, NULL, c, &s);
+    if (r == CUDA_SUCCESS)
+        fc_wait_stream(s, s->enq);
+    pthread_mutex_unlock(&fc.lock);
+    return r;
 }
 
 void fc_drain_locked(struct fc_ctx *only)
@@ -596,346 +576,4 @@ FC_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int
     }
     pthread_mutex_unlock(&fc.lock);
     return r;
-}
-
-/* ---- copies ---- */
-
-/* false when p is in device memory that [p, p+n) overruns. */
-static bool fc_range_ok(CUdeviceptr p, size_t n)
-{
-    return n == 0 || fc_host_addr(p, n) != NULL;
-}
-
-/* What p is: 0 unknown (pageable host), else 1 + its fc_kind. */
-static int fc_kind_of(CUdeviceptr p)
-{
-    pthread_mutex_lock(&fc.lock);
-    struct fc_alloc *a = fc_find((uintptr_t)p, 0, NULL);
-    int k = a == NULL ? 0 : 1 + (int)a->kind;
-    pthread_mutex_unlock(&fc.lock);
-    return k;
-}
-
-static bool fc_is_device(CUdeviceptr p)
-{
-    int k = fc_kind_of(p);
-    return k == 1 + FC_DEVICE || k == 1 + FC_IPC;
-}
-
-static struct fc_cmd *fc_copy_cmd(CUdeviceptr dst, CUdeviceptr src, size_t n)
-{
-    struct fc_cmd *c = fc_cmd_new(OP_COPY, 0);
-    if (c != NULL) {
-        c->u.copy.dst = dst;
-        c->u.copy.src = src;
-        c->u.copy.n = n;
-    }
-    return c;
-}
-
-/* Unified addressing: either side may be device or host memory. */
-FC_API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
-{
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (!fc_range_ok(dst, ByteCount) || !fc_range_ok(src, ByteCount))
-        return CUDA_ERROR_INVALID_VALUE;
-    if (ByteCount == 0)
-        return CUDA_SUCCESS;
-    return fc_submit(ctx, hStream, fc_copy_cmd(dst, src, ByteCount));
-}
-
-/* The synchronous copies go through the legacy stream, and return when
- * it has run them. */
-static CUresult fc_copy_sync(struct fc_ctx *ctx, CUdeviceptr dst, CUdeviceptr src, size_t n)
-{
-    struct fc_cmd *c = fc_copy_cmd(dst, src, n);
-    pthread_mutex_lock(&fc.lock);
-    struct fc_stream *s;
-    CUresult r = fc_submit_on(ctx, NULL, c, &s);
-    if (r == CUDA_SUCCESS)
-        fc_wait_stream(s, s->enq);
-    pthread_mutex_unlock(&fc.lock);
-    return r;
-}
-
-FC_API CUresult cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
-{
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    CUdeviceptr src = (CUdeviceptr)(uintptr_t)srcHost;
-    if (fc_kind_of(dstDevice) == 0 || fc_is_device(src) || !fc_range_ok(dstDevice, ByteCount))
-        return CUDA_ERROR_INVALID_VALUE;
-    return ByteCount == 0 ? CUDA_SUCCESS : fc_copy_sync(ctx, dstDevice, src, ByteCount);
-}
-
-FC_API CUresult cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
-{
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    CUdeviceptr dst = (CUdeviceptr)(uintptr_t)dstHost;
-    if (fc_kind_of(srcDevice) == 0 || fc_is_device(dst) || !fc_range_ok(srcDevice, ByteCount))
-        return CUDA_ERROR_INVALID_VALUE;
-    return ByteCount == 0 ? CUDA_SUCCESS : fc_copy_sync(ctx, dst, srcDevice, ByteCount);
-}
-
-/* One side of a 2D copy: its first byte, or false when the memory type
- * does not fit the pointer or the rows overrun a device allocation. */
-static bool fc_2d_side(CUmemorytype type, const void *host, CUdeviceptr dev, size_t x, size_t y,
-                       size_t pitch, size_t width, size_t height, CUdeviceptr *start)
-{
-    CUdeviceptr p;
-    switch (type) {
-    case CU_MEMORYTYPE_HOST:
-        p = (CUdeviceptr)(uintptr_t)host;
-        if (fc_is_device(p))
-            return false;
-        break;
-    case CU_MEMORYTYPE_DEVICE:
-        p = dev;
-        if (fc_kind_of(p) == 0) /* pageable host memory is no device address */
-            return false;
-        break;
-    case CU_MEMORYTYPE_UNIFIED:
-        p = dev;
-        break;
-    default:
-        return false; /* arrays are not emulated */
-    }
-    if (height > 1 && pitch < width)
-        return false;
-    *start = p + y * pitch + x;
-    return fc_range_ok(*start, (height - 1) * pitch + width);
-}
-
-FC_API CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
-{
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (pCopy == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    const CUDA_MEMCPY2D *m = pCopy;
-    if (m->WidthInBytes == 0 || m->Height == 0)
-        return CUDA_SUCCESS;
-    CUdeviceptr src, dst;
-    if (!fc_2d_side(m->srcMemoryType, m->srcHost, m->srcDevice, m->srcXInBytes, m->srcY, m->srcPitch,
-                    m->WidthInBytes, m->Height, &src) ||
-        !fc_2d_side(m->dstMemoryType, m->dstHost, m->dstDevice, m->dstXInBytes, m->dstY, m->dstPitch,
-                    m->WidthInBytes, m->Height, &dst))
-        return CUDA_ERROR_INVALID_VALUE;
-    struct fc_cmd *c = fc_cmd_new(OP_COPY2D, 0);
-    if (c != NULL)
-        c->u.copy = (__typeof__(c->u.copy)){.dst = dst, .src = src, .n = m->WidthInBytes,
-                                            .dpitch = m->dstPitch, .spitch = m->srcPitch,
-                                            .height = m->Height};
-    return fc_submit(ctx, hStream, c);
-}
-
-/* ---- stream memory operations, host functions ---- */
-
-static CUresult fc_memop(CUstream stream, enum fc_op op, CUdeviceptr addr, cuuint32_t value,
-                         unsigned flags, bool flags_ok)
-{
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (!fc.memops)
-        return CUDA_ERROR_NOT_SUPPORTED;
-    /* The GPU reaches only memory the driver knows: pinned host memory
-     * (its device pointer is its address), device or managed memory. */
-    if (!flags_ok || addr % 4 != 0 || fc_kind_of(addr) == 0 || !fc_range_ok(addr, 4))
-        return CUDA_ERROR_INVALID_VALUE;
-    struct fc_cmd *c = fc_cmd_new(op, 0);
-    if (c != NULL)
-        c->u.val.addr = addr, c->u.val.value = value, c->u.val.flags = flags;
-    return fc_submit(ctx, stream, c);
-}
-
-FC_API CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
-{
-    unsigned op = flags & ~(unsigned)CU_STREAM_WAIT_VALUE_FLUSH;
-    return fc_memop(stream, OP_WAIT_VALUE, addr, value, op, op <= CU_STREAM_WAIT_VALUE_NOR);
-}
-
-FC_API CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
-{
-    return fc_memop(stream, OP_WRITE_VALUE, addr, value, 0,
-                    (flags & ~(unsigned)CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER) == 0);
-}
-
-FC_API CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
-{
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (fn == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct fc_cmd *c = fc_cmd_new(OP_HOST_FN, 0);
-    if (c != NULL)
-        c->u.host.fn = fn, c->u.host.data = userData;
-    return fc_submit(ctx, hStream, c);
-}
-
-/* ---- modules, kernels ---- */
-
-/* The fake's own kernel, for its tests: out[i] = value + i for i < count,
- * each of grid_x * block_x threads taking every (grid_x*block_x)-th i as a
- * grid-stride loop does.  (CUdeviceptr out, uint32_t value, size_t count) */
-static void fc_test_fill(void **params, unsigned grid_x, unsigned block_x, void *(*xlat)(CUdeviceptr))
-{
-    uint32_t *out = xlat(*(CUdeviceptr *)params[0]);
-    uint32_t value = *(uint32_t *)params[1];
-    size_t count = *(size_t *)params[2];
-    size_t threads = (size_t)grid_x * block_x;
-    for (size_t t = 0; t < threads; t++)
-        for (size_t i = t; i < count; i += threads)
-            out[i] = value + (uint32_t)i;
-}
-
-static const struct fakecuda_kernel fc_own_kernels[] = {
-    {"fakecuda_test_fill", fc_test_fill, {sizeof(CUdeviceptr), sizeof(uint32_t), sizeof(size_t)}},
-};
-
-static const struct fakecuda_kernel *fc_kernel_named(const char *name)
-{
-    for (size_t i = 0; i < sizeof fc_own_kernels / sizeof fc_own_kernels[0]; i++)
-        if (strcmp(fc_own_kernels[i].name, name) == 0)
-            return &fc_own_kernels[i];
-    for (size_t i = 0; i < fakecuda_nkernels; i++)
-        if (strcmp(fakecuda_kernels[i].name, name) == 0)
-            return &fakecuda_kernels[i];
-    return NULL;
-}
-
-/* Any image: the kernels are the host functions of the tables. */
-FC_API CUresult cuModuleLoadData(CUmodule *module, const void *image)
-{
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (module == NULL || image == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct fc_module *m = calloc(1, sizeof *m);
-    if (m == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    m->ctx = ctx;
-    pthread_mutex_lock(&fc.lock);
-    m->next = fc.modules;
-    fc.modules = m;
-    pthread_mutex_unlock(&fc.lock);
-    *module = (CUmodule)m;
-    return CUDA_SUCCESS;
-}
-
-/* Launches already queued keep their kernel (the tables are static). */
-FC_API CUresult cuModuleUnload(CUmodule hmod)
-{
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    pthread_mutex_lock(&fc.lock);
-    struct fc_module **pp = &fc.modules;
-    while (*pp != NULL && *pp != (struct fc_module *)hmod)
-        pp = &(*pp)->next;
-    struct fc_module *m = *pp;
-    if (m != NULL)
-        *pp = m->next;
-    pthread_mutex_unlock(&fc.lock);
-    if (m == NULL)
-        return CUDA_ERROR_INVALID_HANDLE;
-    for (struct fc_func *f = m->funcs, *next; f != NULL; f = next) {
-        next = f->next;
-        free(f);
-    }
-    free(m);
-    return CUDA_SUCCESS;
-}
-
-FC_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
-{
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (hfunc == NULL || name == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    const struct fakecuda_kernel *k = fc_kernel_named(name);
-    pthread_mutex_lock(&fc.lock);
-    struct fc_module *m = fc.modules;
-    while (m != NULL && m != (struct fc_module *)hmod)
-        m = m->next;
-    struct fc_func *f = NULL;
-    if (m == NULL) {
-        r = CUDA_ERROR_INVALID_HANDLE;
-    } else if (k == NULL) {
-        r = CUDA_ERROR_NOT_FOUND;
-    } else {
-        for (f = m->funcs; f != NULL && f->k != k; f = f->next)
-            ;
-        if (f == NULL && (f = calloc(1, sizeof *f)) != NULL) {
-            f->k = k;
-            f->next = m->funcs;
-            m->funcs = f;
-        }
-        r = f == NULL ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
-    }
-    pthread_mutex_unlock(&fc.lock);
-    if (r == CUDA_SUCCESS)
-        *hfunc = (CUfunction)f;
-    return r;
-}
-
-/* One-dimensional launches only (weft's kernels are); the arguments are
- * copied now, as the driver does, by the sizes the table gives. */
-FC_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
-                               unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
-                               unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
-                               void **kernelParams, void **extra)
-{
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    pthread_mutex_lock(&fc.lock);
-    const struct fakecuda_kernel *k = fc_func_of(f);
-    pthread_mutex_unlock(&fc.lock);
-    if (k == NULL)
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (gridDimY != 1 || gridDimZ != 1 || blockDimY != 1 || blockDimZ != 1 || gridDimX == 0 ||
-        blockDimX == 0 || blockDimX > 1024 || extra != NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    size_t n = 0, blob = 0;
-    while (n < FAKECUDA_MAX_PARAMS && k->param_bytes[n] != 0)
-        blob += (k->param_bytes[n++] + 15) / 16 * 16;
-    if (n > 0 && kernelParams == NULL)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (n == 0 && kernelParams != NULL) {
-        fprintf(stderr, "fakecuda: kernel %s: its table entry lists no param_bytes\n", k->name);
-        return CUDA_ERROR_INVALID_VALUE;
-    }
-    struct fc_cmd *c = fc_cmd_new(OP_KERNEL, blob);
-    if (c == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    c->u.kern.k = k;
-    c->u.kern.gx = gridDimX;
-    c->u.kern.bx = blockDimX;
-    unsigned char *at = c->blob;
-    for (size_t i = 0; i < n; i++) {
-        memcpy(at, kernelParams[i], k->param_bytes[i]);
-        c->u.kern.args[i] = at;
-        at += (k->param_bytes[i] + 15) / 16 * 16;
-    }
-    return fc_submit(ctx, hStream, c);
 }
