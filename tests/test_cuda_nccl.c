@@ -14,6 +14,7 @@
 #include "base/cudrv.h"
 #include "harness.h"
 #include "nccl.h"
+#include "testcommon.h"
 
 struct gpu {
     const struct weft_cu *cu;
@@ -163,4 +164,35 @@ static int proc_abort(int rank, int n, const weft_unique_id_t *id, void *arg)
 Test(cuda_nccl, abort_frees_the_stream, .timeout = 60)
 {
     run_on_fake(2, proc_abort);
+}
+
+/* The six perf tools with -G 1 (buffers in GPU memory, issued on a
+ * stream) and -c 1: every result checked, none wrong. */
+Test(cuda_nccl, perf_tools_with_device_buffers, .timeout = 240)
+{
+    static const char *const tools[] = {"all_reduce_perf", "reduce_scatter_perf", "all_gather_perf",
+                                        "broadcast_perf", "reduce_perf", "sendrecv_perf"};
+    for (size_t t = 0; t < sizeof tools / sizeof *tools; t++) {
+        char cmd[1024], out[16384];
+        snprintf(cmd, sizeof cmd,
+                 "cd %s && WEFT_CUDA_DRIVER=%s WEFT_CUDA_STAGE_BYTES=16384 timeout 120 ./weftrun -n 3 "
+                 "./%s -G 1 -c 1 -b 8 -e 256K -f 8 -n 2 -w 1 2>&1",
+                 WEFT_BUILDDIR, FAKECUDA_LIB, tools[t]);
+        int rc = weft_test_shell(cmd, out, sizeof out);
+        cr_expect_eq(rc, 0, "%s -G 1 exited %d:\n%s", tools[t], rc, out);
+        cr_expect_not_null(strstr(out, "Out of bounds values : 0 OK"), "%s -G 1:\n%s", tools[t], out);
+    }
+}
+
+/* Without a driver, -G 1 says why in one line and fails; no crash. */
+Test(cuda_nccl, perf_tool_without_a_driver, .timeout = 60)
+{
+    char cmd[1024], out[8192];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && WEFT_CUDA_DRIVER=/nonexistent.so timeout 30 ./weftrun -n 2 ./all_reduce_perf -G 1 "
+             "-b 8 -e 8 2>&1",
+             WEFT_BUILDDIR);
+    int rc = weft_test_shell(cmd, out, sizeof out);
+    cr_expect_neq(rc, 0, "all_reduce_perf -G 1 without a driver succeeded:\n%s", out);
+    cr_expect_not_null(strstr(out, "no CUDA driver"), "no reason given:\n%s", out);
 }
