@@ -594,8 +594,12 @@ static weft_status_t dev_create(struct weft_comm *comm, const struct weft_op_arg
         return st;
     }
     d->started = true;
-    WEFT_INFO(WEFT_SUB_INIT, "rank %d: device worker started (staging segments of %zu bytes, %s)",
-              comm->rank, d->seg_bytes, cu->memops ? "streams wait on a flag" : "streams wait in host functions");
+    WEFT_INFO(WEFT_SUB_INIT, "rank %d: device worker started (staging segments of %zu bytes, %s; "
+              "%s)", comm->rank, d->seg_bytes,
+              cu->memops ? "streams wait on a flag" : "streams wait in host functions",
+              comm->topo.nhosts > 1 ? "no GPUDirect RDMA: device buffers between hosts are staged "
+                                      "through host memory"
+                                    : "one host: CUDA IPC where every rank can");
     *out = d;
     return WEFT_OK;
 }

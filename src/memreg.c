@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "comm_impl.h"
+#include "devbuf.h"
 #include "engine.h"
 
 #define REG_MAGIC 0x4d474552u /* "REGM" */
@@ -18,6 +19,9 @@ struct weft_reg {
     void *buf;
     size_t bytes;
     void *mh[WEFT_MAX_TRANSPORTS];
+    bool device;                /* device memory: the transports never see it
+                                   (device buffers are staged or go through
+                                   CUDA IPC), so nothing is registered */
 };
 
 struct reg_call {
@@ -34,7 +38,7 @@ static weft_status_t reg_apply(void *arg)
     weft_status_t st = WEFT_OK;
     for (int i = 0; i < comm->ntp; i++) {
         const struct weft_transport_ops *t = comm->tp[i].ops;
-        if (t->reg_mem == NULL)
+        if (t->reg_mem == NULL || rc->r->device)
             continue;
         if (rc->undo) {
             weft_status_t s2 = rc->r->mh[i] ? t->dereg_mem(comm->tp[i].ctx, rc->r->mh[i]) : WEFT_OK;
@@ -65,7 +69,9 @@ weft_status_t weft_mem_register(weft_comm_t comm, void *buf, size_t bytes, void 
     if (r == NULL) {
         st = weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "weft_mem_register: out of memory");
     } else {
-        *r = (struct weft_reg){.magic = REG_MAGIC, .comm = comm, .buf = buf, .bytes = bytes};
+        struct weft_op_args probe = {.sendbuf = buf};
+        *r = (struct weft_reg){.magic = REG_MAGIC, .comm = comm, .buf = buf, .bytes = bytes,
+                               .device = weft_dev_detect(comm) && weft_dev_args_on_device(&probe)};
         struct reg_call rc = {comm, r, false};
         st = weft_engine_exclusive(comm, reg_apply, &rc);
         if (st != WEFT_OK) {
