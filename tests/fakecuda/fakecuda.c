@@ -55,27 +55,21 @@ static const struct {
 #undef E
 };
 
-FC_API CUresult cuGetErrorString(CUresult error, const char **pStr)
+/* Sets *pStr to error's name (name true) or text; NULL and INVALID_VALUE
+ * for an error the table lacks. */
+static CUresult fc_error_str(CUresult error, bool name, const char **pStr)
 {
     for (size_t i = 0; i < sizeof fc_errors / sizeof fc_errors[0]; i++)
         if (fc_errors[i].r == error) {
-            *pStr = fc_errors[i].text;
+            *pStr = name ? fc_errors[i].name : fc_errors[i].text;
             return CUDA_SUCCESS;
         }
     *pStr = NULL;
     return CUDA_ERROR_INVALID_VALUE;
 }
 
-FC_API CUresult cuGetErrorName(CUresult error, const char **pStr)
-{
-    for (size_t i = 0; i < sizeof fc_errors / sizeof fc_errors[0]; i++)
-        if (fc_errors[i].r == error) {
-            *pStr = fc_errors[i].name;
-            return CUDA_SUCCESS;
-        }
-    *pStr = NULL;
-    return CUDA_ERROR_INVALID_VALUE;
-}
+FC_API CUresult cuGetErrorString(CUresult error, const char **pStr) { return fc_error_str(error, false, pStr); }
+FC_API CUresult cuGetErrorName(CUresult error, const char **pStr) { return fc_error_str(error, true, pStr); }
 
 /* ---- init, devices ---- */
 
@@ -88,9 +82,8 @@ CUresult fc_enter(void)
 
 CUresult fc_enter_ctx(struct fc_ctx **ctx)
 {
-    CUresult r = fc_enter();
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter());
+    CUresult r = CUDA_SUCCESS;
     pthread_mutex_lock(&fc.lock);
     struct fc_ctx *c = tls_gen == fc.gen ? tls_ctx : NULL;
     if (c == NULL)
@@ -98,7 +91,8 @@ CUresult fc_enter_ctx(struct fc_ctx **ctx)
     else if (c->retained == 0)
         r = CUDA_ERROR_CONTEXT_IS_DESTROYED;
     pthread_mutex_unlock(&fc.lock);
-    *ctx = c;
+    if (ctx != NULL)
+        *ctx = c;
     return r;
 }
 
@@ -168,9 +162,7 @@ FC_API CUresult cuDriverGetVersion(int *driverVersion)
 
 FC_API CUresult cuDeviceGetCount(int *count)
 {
-    CUresult r = fc_enter();
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter());
     if (count == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *count = fc.ndev;
@@ -179,12 +171,10 @@ FC_API CUresult cuDeviceGetCount(int *count)
 
 FC_API CUresult cuDeviceGet(CUdevice *device, int ordinal)
 {
-    CUresult r = fc_enter();
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter());
     if (device == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (ordinal < 0 || ordinal >= fc.ndev)
+    if (!fc_dev_ok(ordinal))
         return CUDA_ERROR_INVALID_DEVICE;
     *device = ordinal;
     return CUDA_SUCCESS;
@@ -192,10 +182,8 @@ FC_API CUresult cuDeviceGet(CUdevice *device, int ordinal)
 
 FC_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
-    CUresult r = fc_enter();
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (dev < 0 || dev >= fc.ndev)
+    FC_CHECK(fc_enter());
+    if (!fc_dev_ok(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     if (pi == NULL || (int)attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX)
         return CUDA_ERROR_INVALID_VALUE;
@@ -226,10 +214,8 @@ FC_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevic
 
 FC_API CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 {
-    CUresult r = fc_enter();
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (dev < 0 || dev >= fc.ndev)
+    FC_CHECK(fc_enter());
+    if (!fc_dev_ok(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     if (name == NULL || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -241,12 +227,10 @@ FC_API CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
 
 FC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-    CUresult r = fc_enter();
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter());
     if (pctx == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || dev >= fc.ndev)
+    if (!fc_dev_ok(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&fc.lock);
     fc.ctx[dev].retained++;
@@ -257,11 +241,10 @@ FC_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 
 FC_API CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
 {
-    CUresult r = fc_enter();
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (dev < 0 || dev >= fc.ndev)
+    FC_CHECK(fc_enter());
+    if (!fc_dev_ok(dev))
         return CUDA_ERROR_INVALID_DEVICE;
+    CUresult r = CUDA_SUCCESS;
     pthread_mutex_lock(&fc.lock);
     if (fc.ctx[dev].retained > 0)
         fc.ctx[dev].retained--;
@@ -281,9 +264,7 @@ static struct fc_ctx *fc_ctx_of(CUcontext c)
 
 FC_API CUresult cuCtxSetCurrent(CUcontext ctx)
 {
-    CUresult r = fc_enter();
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter());
     struct fc_ctx *c = NULL;
     if (ctx != NULL && (c = fc_ctx_of(ctx)) == NULL)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -296,9 +277,7 @@ FC_API CUresult cuCtxSetCurrent(CUcontext ctx)
 
 FC_API CUresult cuCtxGetCurrent(CUcontext *pctx)
 {
-    CUresult r = fc_enter();
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter());
     if (pctx == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fc.lock);
@@ -310,9 +289,7 @@ FC_API CUresult cuCtxGetCurrent(CUcontext *pctx)
 FC_API CUresult cuCtxGetDevice(CUdevice *device)
 {
     struct fc_ctx *c;
-    CUresult r = fc_enter_ctx(&c);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(&c));
     if (device == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *device = c->dev;
@@ -375,14 +352,6 @@ static size_t fc_pagelen(size_t n)
     return (n + pg - 1) / pg * pg;
 }
 
-static void fc_link(struct fc_alloc *a)
-{
-    pthread_mutex_lock(&fc.lock);
-    a->next = fc.allocs;
-    fc.allocs = a;
-    pthread_mutex_unlock(&fc.lock);
-}
-
 /* Unlinks the allocation of kind k based at p, after the streams that may
  * still use it have run (the real free synchronizes).  false: no such
  * allocation; *out NULL: an IPC mapping still opened elsewhere here. */
@@ -427,9 +396,7 @@ static void *fc_reserve(size_t maplen)
 FC_API CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
 {
     struct fc_ctx *c;
-    CUresult r = fc_enter_ctx(&c);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(&c));
     if (dptr == NULL || bytesize == 0)
         return CUDA_ERROR_INVALID_VALUE;
     struct fc_alloc *a = calloc(1, sizeof *a);
@@ -453,7 +420,7 @@ FC_API CUresult cuMemAlloc(CUdeviceptr *dptr, size_t bytesize)
     if (dev == NULL)
         goto fail_reserve;
     a->base = (uintptr_t)dev;
-    fc_link(a);
+    FC_LINK(allocs, a);
     *dptr = (CUdeviceptr)a->base;
     return CUDA_SUCCESS;
 fail_reserve:
@@ -467,10 +434,7 @@ fail_fd:
 
 FC_API CUresult cuMemFree(CUdeviceptr dptr)
 {
-    struct fc_ctx *c;
-    CUresult r = fc_enter_ctx(&c);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(NULL));
     if (dptr == 0)
         return CUDA_SUCCESS;
     struct fc_alloc *a;
@@ -493,7 +457,7 @@ static CUresult fc_alloc_host(void **p, size_t bytesize, enum fc_kind kind, stru
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     a->base = (uintptr_t)a->shadow;
-    fc_link(a);
+    FC_LINK(allocs, a);
     *p = a->shadow;
     return CUDA_SUCCESS;
 }
@@ -501,9 +465,7 @@ static CUresult fc_alloc_host(void **p, size_t bytesize, enum fc_kind kind, stru
 FC_API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 {
     struct fc_ctx *c;
-    CUresult r = fc_enter_ctx(&c);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(&c));
     unsigned all = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
     if (pp == NULL || bytesize == 0 || (Flags & ~all) != 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -512,10 +474,7 @@ FC_API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
 
 FC_API CUresult cuMemFreeHost(void *p)
 {
-    struct fc_ctx *c;
-    CUresult r = fc_enter_ctx(&c);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(NULL));
     struct fc_alloc *a;
     if (!fc_unlink((uintptr_t)p, FC_HOST, &a))
         return CUDA_ERROR_INVALID_VALUE;
@@ -526,13 +485,11 @@ FC_API CUresult cuMemFreeHost(void *p)
 FC_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
 {
     struct fc_ctx *c;
-    CUresult r = fc_enter_ctx(&c);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(&c));
     if (dptr == NULL || bytesize == 0 || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST))
         return CUDA_ERROR_INVALID_VALUE;
     void *p;
-    r = fc_alloc_host(&p, bytesize, FC_MANAGED, c);
+    CUresult r = fc_alloc_host(&p, bytesize, FC_MANAGED, c);
     if (r == CUDA_SUCCESS)
         *dptr = (CUdeviceptr)(uintptr_t)p;
     return r;
@@ -540,16 +497,12 @@ FC_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned i
 
 FC_API CUresult cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned int Flags)
 {
-    struct fc_ctx *c;
-    CUresult r = fc_enter_ctx(&c);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(NULL));
     if (pdptr == NULL || Flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fc.lock);
     struct fc_alloc *a = fc_find((uintptr_t)p, 0, NULL);
-    if (a == NULL || a->kind != FC_HOST)
-        r = CUDA_ERROR_INVALID_VALUE;
+    CUresult r = a == NULL || a->kind != FC_HOST ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
     pthread_mutex_unlock(&fc.lock);
     if (r == CUDA_SUCCESS)
         *pdptr = (CUdeviceptr)(uintptr_t)p; /* unified addressing: the same address */
@@ -558,10 +511,8 @@ FC_API CUresult cuMemHostGetDevicePointer(CUdeviceptr *pdptr, void *p, unsigned 
 
 FC_API CUresult cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
-    struct fc_ctx *c;
-    CUresult r = fc_enter_ctx(&c);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(NULL));
+    CUresult r = CUDA_SUCCESS;
     pthread_mutex_lock(&fc.lock);
     struct fc_alloc *a = fc_find((uintptr_t)dptr, 0, NULL);
     if (a == NULL) {
@@ -581,11 +532,10 @@ FC_API CUresult cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdevice
 FC_API CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes,
                                        void **data, CUdeviceptr ptr)
 {
-    CUresult r = fc_enter();
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter());
     if (numAttributes > 0 && (attributes == NULL || data == NULL))
         return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = CUDA_SUCCESS;
     pthread_mutex_lock(&fc.lock);
     struct fc_alloc *a = fc_find((uintptr_t)ptr, 0, NULL);
     struct fc_alloc none = {.kind = FC_HOST};
@@ -652,12 +602,10 @@ _Static_assert(sizeof(struct fc_ipc) <= CU_IPC_HANDLE_SIZE, "fits a CUipcMemHand
 
 FC_API CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
 {
-    struct fc_ctx *c;
-    CUresult r = fc_enter_ctx(&c);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(NULL));
     if (pHandle == NULL)
         return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = CUDA_SUCCESS;
     pthread_mutex_lock(&fc.lock);
     struct fc_alloc *a = fc_find((uintptr_t)dptr, 0, NULL);
     /* Only the base of an allocation made here, as the driver requires. */
@@ -698,9 +646,7 @@ static int fc_ipc_open_fd(const struct fc_ipc *h)
 FC_API CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
 {
     struct fc_ctx *c;
-    CUresult r = fc_enter_ctx(&c);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(&c));
     struct fc_ipc h;
     memcpy(&h, handle.reserved, sizeof h);
     if (pdptr == NULL || (Flags & ~(unsigned)CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != 0 ||
@@ -738,17 +684,14 @@ FC_API CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, un
         return CUDA_ERROR_MAP_FAILED;
     }
     a->base = (uintptr_t)dev;
-    fc_link(a);
+    FC_LINK(allocs, a);
     *pdptr = (CUdeviceptr)a->base;
     return CUDA_SUCCESS;
 }
 
 FC_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
-    struct fc_ctx *c;
-    CUresult r = fc_enter_ctx(&c);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(NULL));
     struct fc_alloc *a;
     if (!fc_unlink((uintptr_t)dptr, FC_IPC, &a))
         return CUDA_ERROR_INVALID_VALUE;
@@ -762,6 +705,6 @@ FC_API CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, si
                                               CUmemRangeHandleType handleType,
                                               unsigned long long flags)
 {
-    CUresult r = fc_enter();
-    return r != CUDA_SUCCESS ? r : CUDA_ERROR_NOT_SUPPORTED;
+    FC_CHECK(fc_enter());
+    return CUDA_ERROR_NOT_SUPPORTED;
 }

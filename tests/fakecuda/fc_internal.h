@@ -68,9 +68,31 @@ extern struct fc_state fc;
 extern __thread bool fc_in_host_fn;
 
 /* Entry checks: host-function, initialized, and (second) a current
- * context, returned in *ctx. */
+ * context, returned in *ctx (ctx may be NULL: a call that needs a
+ * context but does not use it). */
 CUresult fc_enter(void);
 CUresult fc_enter_ctx(struct fc_ctx **ctx);
+
+/* Returns call's CUresult from the calling function unless it is
+ * CUDA_SUCCESS: entry points open with FC_CHECK(fc_enter_ctx(&ctx)). */
+#define FC_CHECK(call)                                                                  \
+    do {                                                                                \
+        CUresult fc_r_ = (call);                                                        \
+        if (fc_r_ != CUDA_SUCCESS)                                                      \
+            return fc_r_;                                                               \
+    } while (0)
+
+/* Pushes obj on the list fc.list (allocs, events, modules) under fc.lock. */
+#define FC_LINK(list, obj)                                                              \
+    do {                                                                                \
+        pthread_mutex_lock(&fc.lock);                                                   \
+        (obj)->next = fc.list;                                                          \
+        fc.list = (obj);                                                                \
+        pthread_mutex_unlock(&fc.lock);                                                 \
+    } while (0)
+
+/* Whether dev is a device ordinal of the fake (cuInit sets fc.ndev). */
+static inline bool fc_dev_ok(int dev) { return dev >= 0 && dev < fc.ndev; }
 
 /* The allocation holding [p, p+n) (n 0: holding p); *err says whether p is
  * in one whose range is shorter.  Caller holds fc.lock. */
@@ -87,22 +109,27 @@ void fc_drain_locked(struct fc_ctx *ctx);
 enum fc_op { OP_COPY, OP_COPY2D, OP_SIGNAL, OP_WAIT_EVENT, OP_WAIT_STREAM, OP_WAIT_VALUE,
              OP_WRITE_VALUE, OP_HOST_FN, OP_KERNEL };
 
+/* A stream command's arguments, one member per kind of op. */
+union fc_args {
+    struct { CUdeviceptr dst, src; size_t n, dpitch, spitch, height; } copy;
+    struct { struct fc_event *ev; uint64_t gen; } ev;
+    struct { struct fc_stream *s; uint64_t seq; } st;
+    struct { CUdeviceptr addr; uint32_t value; unsigned flags; } val;
+    struct { CUhostFn fn; void *data; } host;
+    struct { const struct fakecuda_kernel *k; unsigned gx, bx; void *args[FAKECUDA_MAX_PARAMS]; } kern;
+};
+
 /* One stream command; device addresses are translated when it runs. */
 struct fc_cmd {
     struct fc_cmd *next;
     enum fc_op op;
-    union {
-        struct { CUdeviceptr dst, src; size_t n, dpitch, spitch, height; } copy;
-        struct { struct fc_event *ev; uint64_t gen; } ev;
-        struct { struct fc_stream *s; uint64_t seq; } st;
-        struct { CUdeviceptr addr; uint32_t value; unsigned flags; } val;
-        struct { CUhostFn fn; void *data; } host;
-        struct { const struct fakecuda_kernel *k; unsigned gx, bx; void *args[FAKECUDA_MAX_PARAMS]; } kern;
-    } u;
+    union fc_args u;
     _Alignas(16) unsigned char blob[]; /* the kernel's argument copies */
 };
 
-struct fc_cmd *fc_cmd_new(enum fc_op op, size_t blob);
+/* A command op with arguments u and blob bytes of blob; NULL when out of
+ * memory, which fc_submit and fc_submit_wait take and report. */
+struct fc_cmd *fc_cmd_new(enum fc_op op, union fc_args u, size_t blob);
 /* Queues c on stream h of ctx (c freed on failure; NULL c: out of
  * memory); the legacy stream for the sync form, which returns once the
  * stream has run it.  Take fc.lock. */

@@ -57,22 +57,14 @@ static bool fc_is_device(CUdeviceptr p)
 
 static struct fc_cmd *fc_copy_cmd(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
-    struct fc_cmd *c = fc_cmd_new(OP_COPY, 0);
-    if (c != NULL) {
-        c->u.copy.dst = dst;
-        c->u.copy.src = src;
-        c->u.copy.n = n;
-    }
-    return c;
+    return fc_cmd_new(OP_COPY, (union fc_args){.copy = {.dst = dst, .src = src, .n = n}}, 0);
 }
 
 /* Unified addressing: either side may be device or host memory. */
 FC_API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream)
 {
     struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(&ctx));
     if (!fc_range_ok(dst, ByteCount) || !fc_range_ok(src, ByteCount))
         return CUDA_ERROR_INVALID_VALUE;
     if (ByteCount == 0)
@@ -80,28 +72,27 @@ FC_API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount
     return fc_submit(ctx, hStream, fc_copy_cmd(dst, src, ByteCount));
 }
 
-FC_API CUresult cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+/* The synchronous copies, host to device (htod) or back: the device side
+ * must be memory the driver knows (pageable host memory is no device
+ * address) and the host side no device memory. */
+static CUresult fc_memcpy_sync(CUdeviceptr dst, CUdeviceptr src, size_t n, bool htod)
 {
     struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    CUdeviceptr src = (CUdeviceptr)(uintptr_t)srcHost;
-    if (fc_kind_of(dstDevice) == 0 || fc_is_device(src) || !fc_range_ok(dstDevice, ByteCount))
+    FC_CHECK(fc_enter_ctx(&ctx));
+    CUdeviceptr dev = htod ? dst : src, host = htod ? src : dst;
+    if (fc_kind_of(dev) == 0 || fc_is_device(host) || !fc_range_ok(dev, n))
         return CUDA_ERROR_INVALID_VALUE;
-    return ByteCount == 0 ? CUDA_SUCCESS : fc_submit_wait(ctx, fc_copy_cmd(dstDevice, src, ByteCount));
+    return n == 0 ? CUDA_SUCCESS : fc_submit_wait(ctx, fc_copy_cmd(dst, src, n));
+}
+
+FC_API CUresult cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+    return fc_memcpy_sync(dstDevice, (CUdeviceptr)(uintptr_t)srcHost, ByteCount, true);
 }
 
 FC_API CUresult cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    CUdeviceptr dst = (CUdeviceptr)(uintptr_t)dstHost;
-    if (fc_kind_of(srcDevice) == 0 || fc_is_device(dst) || !fc_range_ok(srcDevice, ByteCount))
-        return CUDA_ERROR_INVALID_VALUE;
-    return ByteCount == 0 ? CUDA_SUCCESS : fc_submit_wait(ctx, fc_copy_cmd(dst, srcDevice, ByteCount));
+    return fc_memcpy_sync((CUdeviceptr)(uintptr_t)dstHost, srcDevice, ByteCount, false);
 }
 
 /* One side of a 2D copy: its first byte, or false when the memory type
@@ -136,9 +127,7 @@ static bool fc_2d_side(CUmemorytype type, const void *host, CUdeviceptr dev, siz
 FC_API CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
 {
     struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(&ctx));
     if (pCopy == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     const CUDA_MEMCPY2D *m = pCopy;
@@ -150,12 +139,9 @@ FC_API CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D *pCopy, CUstream hStream)
         !fc_2d_side(m->dstMemoryType, m->dstHost, m->dstDevice, m->dstXInBytes, m->dstY, m->dstPitch,
                     m->WidthInBytes, m->Height, &dst))
         return CUDA_ERROR_INVALID_VALUE;
-    struct fc_cmd *c = fc_cmd_new(OP_COPY2D, 0);
-    if (c != NULL)
-        c->u.copy = (__typeof__(c->u.copy)){.dst = dst, .src = src, .n = m->WidthInBytes,
-                                            .dpitch = m->dstPitch, .spitch = m->srcPitch,
-                                            .height = m->Height};
-    return fc_submit(ctx, hStream, c);
+    union fc_args u = {.copy = {.dst = dst, .src = src, .n = m->WidthInBytes, .dpitch = m->dstPitch,
+                                .spitch = m->srcPitch, .height = m->Height}};
+    return fc_submit(ctx, hStream, fc_cmd_new(OP_COPY2D, u, 0));
 }
 
 /* ---- stream memory operations, host functions ---- */
@@ -164,19 +150,15 @@ static CUresult fc_memop(CUstream stream, enum fc_op op, CUdeviceptr addr, cuuin
                          unsigned flags, bool flags_ok)
 {
     struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(&ctx));
     if (!fc.memops)
         return CUDA_ERROR_NOT_SUPPORTED;
     /* The GPU reaches only memory the driver knows: pinned host memory
      * (its device pointer is its address), device or managed memory. */
     if (!flags_ok || addr % 4 != 0 || fc_kind_of(addr) == 0 || !fc_range_ok(addr, 4))
         return CUDA_ERROR_INVALID_VALUE;
-    struct fc_cmd *c = fc_cmd_new(op, 0);
-    if (c != NULL)
-        c->u.val.addr = addr, c->u.val.value = value, c->u.val.flags = flags;
-    return fc_submit(ctx, stream, c);
+    union fc_args u = {.val = {.addr = addr, .value = value, .flags = flags}};
+    return fc_submit(ctx, stream, fc_cmd_new(op, u, 0));
 }
 
 FC_API CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
@@ -194,15 +176,11 @@ FC_API CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32
 FC_API CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
 {
     struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(&ctx));
     if (fn == NULL)
         return CUDA_ERROR_INVALID_VALUE;
-    struct fc_cmd *c = fc_cmd_new(OP_HOST_FN, 0);
-    if (c != NULL)
-        c->u.host.fn = fn, c->u.host.data = userData;
-    return fc_submit(ctx, hStream, c);
+    union fc_args u = {.host = {.fn = fn, .data = userData}};
+    return fc_submit(ctx, hStream, fc_cmd_new(OP_HOST_FN, u, 0));
 }
 
 /* ---- modules, kernels ---- */
@@ -240,19 +218,14 @@ static const struct fakecuda_kernel *fc_kernel_named(const char *name)
 FC_API CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
     struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(&ctx));
     if (module == NULL || image == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     struct fc_module *m = calloc(1, sizeof *m);
     if (m == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     m->ctx = ctx;
-    pthread_mutex_lock(&fc.lock);
-    m->next = fc.modules;
-    fc.modules = m;
-    pthread_mutex_unlock(&fc.lock);
+    FC_LINK(modules, m);
     *module = (CUmodule)m;
     return CUDA_SUCCESS;
 }
@@ -260,10 +233,7 @@ FC_API CUresult cuModuleLoadData(CUmodule *module, const void *image)
 /* Launches already queued keep their kernel (the tables are static). */
 FC_API CUresult cuModuleUnload(CUmodule hmod)
 {
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(NULL));
     pthread_mutex_lock(&fc.lock);
     struct fc_module **pp = &fc.modules;
     while (*pp != NULL && *pp != (struct fc_module *)hmod)
@@ -284,13 +254,11 @@ FC_API CUresult cuModuleUnload(CUmodule hmod)
 
 FC_API CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
 {
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(NULL));
     if (hfunc == NULL || name == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     const struct fakecuda_kernel *k = fc_kernel_named(name);
+    CUresult r;
     pthread_mutex_lock(&fc.lock);
     struct fc_module *m = fc.modules;
     while (m != NULL && m != (struct fc_module *)hmod)
@@ -324,9 +292,7 @@ FC_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int
                                void **kernelParams, void **extra)
 {
     struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(&ctx));
     pthread_mutex_lock(&fc.lock);
     const struct fakecuda_kernel *k = fc_func_of(f);
     pthread_mutex_unlock(&fc.lock);
@@ -344,12 +310,10 @@ FC_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int
         fprintf(stderr, "fakecuda: kernel %s: its table entry lists no param_bytes\n", k->name);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    struct fc_cmd *c = fc_cmd_new(OP_KERNEL, blob);
+    union fc_args u = {.kern = {.k = k, .gx = gridDimX, .bx = blockDimX}};
+    struct fc_cmd *c = fc_cmd_new(OP_KERNEL, u, blob);
     if (c == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    c->u.kern.k = k;
-    c->u.kern.gx = gridDimX;
-    c->u.kern.bx = blockDimX;
     unsigned char *at = c->blob;
     for (size_t i = 0; i < n; i++) {
         memcpy(at, kernelParams[i], k->param_bytes[i]);

@@ -61,11 +61,17 @@ static void fc_event_unref(struct fc_event *e)
     free(e);
 }
 
+/* NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: the legacy stream. */
+static bool fc_legacy_handle(CUstream h)
+{
+    return h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD;
+}
+
 /* The stream h names: the legacy stream of ctx for the three special
  * handles (made on first use), NULL for an unknown or destroyed one. */
 static struct fc_stream *fc_stream_of(struct fc_ctx *ctx, CUstream h)
 {
-    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+    if (fc_legacy_handle(h)) {
         if (ctx->legacy == NULL)
             ctx->legacy = fc_stream_new(ctx, 0, true);
         return ctx->legacy;
@@ -83,6 +89,23 @@ static struct fc_event *fc_event_of(CUevent h)
         if ((CUevent)e == h && !e->dead)
             return e;
     return NULL;
+}
+
+/* Wait (fc.lock held) until s has run its first seq commands, or e has
+ * reached its record gen, then drop the reference the caller took so that
+ * neither is freed under the wait. */
+static void fc_stream_wait_unref(struct fc_stream *s, uint64_t seq)
+{
+    while (s->done < seq)
+        pthread_cond_wait(&fc.progress, &fc.lock);
+    fc_stream_unref(s);
+}
+
+static void fc_event_wait_unref(struct fc_event *e, uint64_t gen)
+{
+    while (e->done < gen)
+        pthread_cond_wait(&fc.progress, &fc.lock);
+    fc_event_unref(e);
 }
 
 void fc_streams_forget(void)
@@ -133,16 +156,12 @@ static void fc_run(struct fc_cmd *c)
         break;
     case OP_WAIT_EVENT:
         pthread_mutex_lock(&fc.lock);
-        while (c->u.ev.ev->done < c->u.ev.gen)
-            pthread_cond_wait(&fc.progress, &fc.lock);
-        fc_event_unref(c->u.ev.ev);
+        fc_event_wait_unref(c->u.ev.ev, c->u.ev.gen);
         pthread_mutex_unlock(&fc.lock);
         break;
     case OP_WAIT_STREAM:
         pthread_mutex_lock(&fc.lock);
-        while (c->u.st.s->done < c->u.st.seq)
-            pthread_cond_wait(&fc.progress, &fc.lock);
-        fc_stream_unref(c->u.st.s);
+        fc_stream_wait_unref(c->u.st.s, c->u.st.seq);
         pthread_mutex_unlock(&fc.lock);
         break;
     case OP_WAIT_VALUE: {
@@ -228,11 +247,13 @@ static struct fc_stream *fc_stream_new(struct fc_ctx *ctx, unsigned flags, bool 
 
 /* ---- enqueueing (caller holds fc.lock) ---- */
 
-struct fc_cmd *fc_cmd_new(enum fc_op op, size_t blob)
+struct fc_cmd *fc_cmd_new(enum fc_op op, union fc_args u, size_t blob)
 {
     struct fc_cmd *c = calloc(1, sizeof *c + blob);
-    if (c != NULL)
+    if (c != NULL) {
         c->op = op;
+        c->u = u;
+    }
     return c;
 }
 
@@ -250,13 +271,11 @@ static void fc_push(struct fc_stream *s, struct fc_cmd *c)
 
 static void fc_push_wait(struct fc_stream *s, struct fc_stream *on)
 {
-    struct fc_cmd *w = fc_cmd_new(OP_WAIT_STREAM, 0);
+    struct fc_cmd *w = fc_cmd_new(OP_WAIT_STREAM, (union fc_args){.st = {on, on->enq}}, 0);
     if (w == NULL) {
         fprintf(stderr, "fakecuda: out of memory ordering streams\n");
         abort();
     }
-    w->u.st.s = on;
-    w->u.st.seq = on->enq;
     on->refs++;
     fc_push(s, w);
 }
@@ -301,13 +320,11 @@ CUresult fc_submit(struct fc_ctx *ctx, CUstream h, struct fc_cmd *c)
     return r;
 }
 
-/* Waits (fc.lock held) until s has run its first seq commands. */
-static void fc_wait_stream(struct fc_stream *s, uint64_t seq)
+/* Waits (fc.lock held) until s has run what is queued on it now. */
+static void fc_sync_stream(struct fc_stream *s)
 {
     s->refs++;
-    while (s->done < seq)
-        pthread_cond_wait(&fc.progress, &fc.lock);
-    fc_stream_unref(s);
+    fc_stream_wait_unref(s, s->enq);
 }
 
 CUresult fc_submit_wait(struct fc_ctx *ctx, struct fc_cmd *c)
@@ -316,7 +333,7 @@ CUresult fc_submit_wait(struct fc_ctx *ctx, struct fc_cmd *c)
     struct fc_stream *s;
     CUresult r = fc_submit_on(ctx, NULL, c, &s);
     if (r == CUDA_SUCCESS)
-        fc_wait_stream(s, s->enq);
+        fc_sync_stream(s);
     pthread_mutex_unlock(&fc.lock);
     return r;
 }
@@ -343,22 +360,45 @@ void fc_drain_locked(struct fc_ctx *only)
                 s->refs++;
             }
     }
-    for (size_t i = 0; i < n; i++) {
-        while (w[i].s->done < w[i].seq)
-            pthread_cond_wait(&fc.progress, &fc.lock);
-        fc_stream_unref(w[i].s);
-    }
+    for (size_t i = 0; i < n; i++)
+        fc_stream_wait_unref(w[i].s, w[i].seq);
     free(w);
 }
 
 /* ---- streams ---- */
 
+/* Ends a call that fc_enter_stream or fc_enter_event opened: releases
+ * fc.lock, returns r. */
+static CUresult fc_leave(CUresult r)
+{
+    pthread_mutex_unlock(&fc.lock);
+    return r;
+}
+
+/* The end of fc_enter_stream and fc_enter_event: found keeps fc.lock,
+ * an unknown handle releases it. */
+static CUresult fc_found_locked(const void *obj)
+{
+    return obj != NULL ? CUDA_SUCCESS : fc_leave(CUDA_ERROR_INVALID_HANDLE);
+}
+
+/* Opens a call on stream h: the entry checks, then fc.lock taken and *s
+ * the stream (the legacy one for the special handles, unless legacy_ok is
+ * false: they name no stream the caller may destroy).  The lock is held
+ * only on success. */
+static CUresult fc_enter_stream(CUstream h, bool legacy_ok, struct fc_stream **s)
+{
+    struct fc_ctx *ctx;
+    FC_CHECK(fc_enter_ctx(&ctx));
+    pthread_mutex_lock(&fc.lock);
+    *s = legacy_ok || !fc_legacy_handle(h) ? fc_stream_of(ctx, h) : NULL;
+    return fc_found_locked(*s);
+}
+
 FC_API CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
 {
     struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(&ctx));
     if (phStream == NULL || (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&fc.lock);
@@ -373,73 +413,39 @@ FC_API CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
 /* Returns at once; the stream's thread runs what is queued, then exits. */
 FC_API CUresult cuStreamDestroy(CUstream hStream)
 {
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    pthread_mutex_lock(&fc.lock);
-    struct fc_stream *s = hStream == NULL || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD
-                              ? NULL
-                              : fc_stream_of(ctx, hStream);
-    if (s == NULL) {
-        r = CUDA_ERROR_INVALID_HANDLE;
-    } else {
-        s->dying = true;
-        s->hold = 0;
-        pthread_cond_signal(&s->wake);
-        fc_stream_unref(s);
-    }
-    pthread_mutex_unlock(&fc.lock);
-    return r;
+    struct fc_stream *s;
+    FC_CHECK(fc_enter_stream(hStream, false, &s));
+    s->dying = true;
+    s->hold = 0;
+    pthread_cond_signal(&s->wake);
+    fc_stream_unref(s);
+    return fc_leave(CUDA_SUCCESS);
 }
 
 FC_API CUresult cuStreamSynchronize(CUstream hStream)
 {
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    pthread_mutex_lock(&fc.lock);
-    struct fc_stream *s = fc_stream_of(ctx, hStream);
-    if (s == NULL)
-        r = CUDA_ERROR_INVALID_HANDLE;
-    else
-        fc_wait_stream(s, s->enq);
-    pthread_mutex_unlock(&fc.lock);
-    return r;
+    struct fc_stream *s;
+    FC_CHECK(fc_enter_stream(hStream, true, &s));
+    fc_sync_stream(s);
+    return fc_leave(CUDA_SUCCESS);
 }
 
 FC_API CUresult cuStreamQuery(CUstream hStream)
 {
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    pthread_mutex_lock(&fc.lock);
-    struct fc_stream *s = fc_stream_of(ctx, hStream);
-    r = s == NULL ? CUDA_ERROR_INVALID_HANDLE : s->done < s->enq ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
-    pthread_mutex_unlock(&fc.lock);
-    return r;
+    struct fc_stream *s;
+    FC_CHECK(fc_enter_stream(hStream, true, &s));
+    return fc_leave(s->done < s->enq ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS);
 }
 
 static CUresult fc_hold(CUstream hStream, int delta)
 {
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    pthread_mutex_lock(&fc.lock);
-    struct fc_stream *s = fc_stream_of(ctx, hStream);
-    if (s == NULL) {
-        r = CUDA_ERROR_INVALID_HANDLE;
-    } else if (delta < 0 && s->hold == 0) {
-        r = CUDA_ERROR_INVALID_VALUE;
-    } else {
-        s->hold += delta;
-        pthread_cond_signal(&s->wake);
-    }
-    pthread_mutex_unlock(&fc.lock);
-    return r;
+    struct fc_stream *s;
+    FC_CHECK(fc_enter_stream(hStream, true, &s));
+    if (delta < 0 && s->hold == 0)
+        return fc_leave(CUDA_ERROR_INVALID_VALUE);
+    s->hold += delta;
+    pthread_cond_signal(&s->wake);
+    return fc_leave(CUDA_SUCCESS);
 }
 
 FC_API CUresult fakecuda_stream_hold(CUstream stream) { return fc_hold(stream, 1); }
@@ -447,12 +453,19 @@ FC_API CUresult fakecuda_stream_release(CUstream stream) { return fc_hold(stream
 
 /* ---- events ---- */
 
+/* Opens a call on event h as fc_enter_stream does on a stream. */
+static CUresult fc_enter_event(CUevent h, struct fc_event **e)
+{
+    FC_CHECK(fc_enter_ctx(NULL));
+    pthread_mutex_lock(&fc.lock);
+    *e = fc_event_of(h);
+    return fc_found_locked(*e);
+}
+
 FC_API CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 {
     struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
+    FC_CHECK(fc_enter_ctx(&ctx));
     unsigned all = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
     if (phEvent == NULL || (Flags & ~all) != 0 ||
         ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING)))
@@ -461,10 +474,7 @@ FC_API CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     if (e == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *e = (struct fc_event){.ctx = ctx, .refs = 1};
-    pthread_mutex_lock(&fc.lock);
-    e->next = fc.events;
-    fc.events = e;
-    pthread_mutex_unlock(&fc.lock);
+    FC_LINK(events, e);
     *phEvent = (CUevent)e;
     return CUDA_SUCCESS;
 }
@@ -473,41 +483,53 @@ FC_API CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
  * object, kept until then. */
 FC_API CUresult cuEventDestroy(CUevent hEvent)
 {
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    pthread_mutex_lock(&fc.lock);
-    struct fc_event *e = fc_event_of(hEvent);
-    if (e == NULL) {
-        r = CUDA_ERROR_INVALID_HANDLE;
-    } else {
-        e->dead = true;
-        fc_event_unref(e);
-    }
-    pthread_mutex_unlock(&fc.lock);
-    return r;
+    struct fc_event *e;
+    FC_CHECK(fc_enter_event(hEvent, &e));
+    e->dead = true;
+    fc_event_unref(e);
+    return fc_leave(CUDA_SUCCESS);
 }
 
-FC_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+FC_API CUresult cuEventQuery(CUevent hEvent)
+{
+    struct fc_event *e;
+    FC_CHECK(fc_enter_event(hEvent, &e));
+    return fc_leave(e->done < e->rec ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS);
+}
+
+FC_API CUresult cuEventSynchronize(CUevent hEvent)
+{
+    struct fc_event *e;
+    FC_CHECK(fc_enter_event(hEvent, &e));
+    e->refs++;
+    fc_event_wait_unref(e, e->rec);
+    return fc_leave(CUDA_SUCCESS);
+}
+
+/* Queues an event command (OP_SIGNAL: a new record of hEvent; OP_WAIT_EVENT:
+ * a wait for its latest record) on hStream.  args_ok false: the caller's
+ * own arguments are invalid, checked after the context as the driver
+ * does.  A record needs the event and the stream of one context; a wait
+ * takes any context's event (the real driver orders across devices too). */
+static CUresult fc_event_cmd(CUevent hEvent, CUstream hStream, enum fc_op op, bool args_ok)
 {
     struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    struct fc_cmd *c = fc_cmd_new(OP_SIGNAL, 0);
+    FC_CHECK(fc_enter_ctx(&ctx));
+    if (!args_ok)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fc_cmd *c = fc_cmd_new(op, (union fc_args){.ev = {NULL, 0}}, 0); /* set once found */
     if (c == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = CUDA_SUCCESS;
     pthread_mutex_lock(&fc.lock);
     struct fc_event *e = fc_event_of(hEvent);
     struct fc_stream *s = fc_stream_of(ctx, hStream);
-    /* The event and the stream must be of one context. */
-    if (e == NULL || s == NULL || e->ctx != s->ctx) {
+    if (e == NULL || s == NULL || (op == OP_SIGNAL && e->ctx != s->ctx)) {
         free(c);
         r = CUDA_ERROR_INVALID_HANDLE;
     } else {
         c->u.ev.ev = e;
-        c->u.ev.gen = ++e->rec;
+        c->u.ev.gen = op == OP_SIGNAL ? ++e->rec : e->rec;
         e->refs++;
         fc_push_ordered(s, c);
     }
@@ -515,65 +537,12 @@ FC_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     return r;
 }
 
-FC_API CUresult cuEventQuery(CUevent hEvent)
+FC_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
 {
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    pthread_mutex_lock(&fc.lock);
-    struct fc_event *e = fc_event_of(hEvent);
-    r = e == NULL ? CUDA_ERROR_INVALID_HANDLE : e->done < e->rec ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
-    pthread_mutex_unlock(&fc.lock);
-    return r;
+    return fc_event_cmd(hEvent, hStream, OP_SIGNAL, true);
 }
 
-FC_API CUresult cuEventSynchronize(CUevent hEvent)
-{
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    pthread_mutex_lock(&fc.lock);
-    struct fc_event *e = fc_event_of(hEvent);
-    if (e == NULL) {
-        r = CUDA_ERROR_INVALID_HANDLE;
-    } else {
-        uint64_t gen = e->rec;
-        e->refs++;
-        while (e->done < gen)
-            pthread_cond_wait(&fc.progress, &fc.lock);
-        fc_event_unref(e);
-    }
-    pthread_mutex_unlock(&fc.lock);
-    return r;
-}
-
-/* Any context's event: the real driver orders across devices too. */
 FC_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
 {
-    struct fc_ctx *ctx;
-    CUresult r = fc_enter_ctx(&ctx);
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (Flags != 0)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct fc_cmd *c = fc_cmd_new(OP_WAIT_EVENT, 0);
-    if (c == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_mutex_lock(&fc.lock);
-    struct fc_event *e = fc_event_of(hEvent);
-    if (e == NULL) {
-        free(c);
-        r = CUDA_ERROR_INVALID_HANDLE;
-    } else {
-        c->u.ev.ev = e;
-        c->u.ev.gen = e->rec;
-        e->refs++;
-        r = fc_submit_on(ctx, hStream, c, NULL);
-        if (r != CUDA_SUCCESS)
-            e->refs--; /* never 0 here: the handle holds one */
-    }
-    pthread_mutex_unlock(&fc.lock);
-    return r;
+    return fc_event_cmd(hEvent, hStream, OP_WAIT_EVENT, Flags == 0);
 }
