@@ -786,10 +786,14 @@ weft_status_t weft_dev_group_end(void)
             if (first == WEFT_OK)
                 first = st;
         }
+        /* A job nobody waits for is the worker's once queued: it may be
+         * freed before the loop below, so forget it here. */
+        if (!job->waited)
+            gjobs[i].job = NULL;
         job_enqueue(d, job);
     }
     for (size_t i = 0; i < n; i++) {
-        if (!gjobs[i].job->waited)
+        if (gjobs[i].job == NULL)
             continue;
         weft_status_t st = job_wait(gjobs[i].d, gjobs[i].job);
         if (first == WEFT_OK)

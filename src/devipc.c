@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cuda/kernels.h"
+#include "src/cuda/kernels.h"
 #include "devbuf_impl.h"
 
 #define IPC_CACHE 256       /* peer allocations kept mapped */
