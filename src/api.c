@@ -109,7 +109,7 @@ static weft_status_t run_acquired(const char *fn, struct weft_comm *comm,
     WEFT_CHECK(check_args(fn, comm, a));
     if (how != NULL && how->has_stream)
         return weft_dev_call(comm, a, true, how->stream, fn, group_depth > 0);
-    if (weft_dev_detect(comm) && weft_dev_args_on_device(a)) {
+    if (weft_dev_on_device(comm, a->sendbuf, a->recvbuf)) {
         if (req != NULL)
             return weft_error_quiet(weft_comm_err(comm), WEFT_ERR_UNSUPPORTED,
                                     "%s: device buffers in a non-blocking call: use the _stream "

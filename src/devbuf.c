@@ -41,13 +41,13 @@ weft_status_t weft_dev_cu_check(struct weft_dev *d, CUresult r, const char *what
 
 /* ---- detection --------------------------------------------------------- */
 
-bool weft_dev_detect(struct weft_comm *comm)
+/* Device pointers can only exist when a CUDA driver is loaded already:
+ * looked at once per communicator, at its first call. */
+static bool detect(struct weft_comm *comm)
 {
     int on = atomic_load(&comm->cuda_on);
     if (on >= 0)
         return on;
-    /* Looked at once per communicator, at its first plain call: device
-     * pointers can only exist when a CUDA driver is loaded already. */
     const char *path = weft_param_str("WEFT_CUDA_DRIVER");
     void *h = dlopen(path, RTLD_NOLOAD | RTLD_LAZY);
     if (h != NULL)
@@ -62,9 +62,9 @@ static bool on_device(const void *p)
     return p != NULL && weft_cu_mem_kind(p, NULL, NULL) != WEFT_MEM_HOST;
 }
 
-bool weft_dev_args_on_device(const struct weft_op_args *a)
+bool weft_dev_on_device(struct weft_comm *comm, const void *a, const void *b)
 {
-    return on_device(a->sendbuf) || on_device(a->recvbuf);
+    return detect(comm) && (on_device(a) || on_device(b));
 }
 
 /* ---- the worker's pieces ----------------------------------------------- */
@@ -273,14 +273,18 @@ static int blocks_out(int coll, int p)
     return coll == WEFT_COLL_ALLGATHER ? p : 1;
 }
 
-static bool needs_send(const struct weft_op_args *a, int rank)
+/* Bytes of a call's send and receive buffers on this rank (0: it has none). */
+static void call_bytes(const struct weft_dev *d, const struct weft_op_args *a, size_t *in, size_t *out)
 {
-    return a->coll != WEFT_COLL_RECV && !(a->coll == WEFT_COLL_BROADCAST && a->root != rank);
+    int p = d->comm->nranks, rank = d->comm->rank;
+    size_t b = a->count * weft_dtype_size(a->dtype);
+    *in = weft_dev_needs_send(a, rank) ? (size_t)blocks_in(a->coll, p) * b : 0;
+    *out = weft_dev_needs_recv(a, rank) ? (size_t)blocks_out(a->coll, p) * b : 0;
 }
 
-static bool needs_recv(const struct weft_op_args *a, int rank)
+static size_t align64(size_t b)
 {
-    return a->coll != WEFT_COLL_SEND && !(a->coll == WEFT_COLL_REDUCE && a->root != rank);
+    return (b + 63) & ~(size_t)63;
 }
 
 /* Segments a _stream call is cut into: a function of the call's shape and
@@ -329,7 +333,7 @@ static weft_status_t run_segmented(struct weft_dev *d, const struct weft_op_args
     if (nseg == 1)
         m = n;
     int bi = blocks_in(a->coll, p), bo = blocks_out(a->coll, p);
-    bool snd = needs_send(a, rank), rcv = needs_recv(a, rank);
+    bool snd = weft_dev_needs_send(a, rank), rcv = weft_dev_needs_recv(a, rank);
     size_t in_b = snd ? (size_t)bi * m * es : 0, out_b = rcv ? (size_t)bo * m * es : 0;
     WEFT_CHECK(stage_reserve(d, 2 * (in_b + out_b)));
     char *slot_in[2] = {d->stage, d->stage + in_b};
@@ -373,36 +377,28 @@ static weft_status_t run_segmented(struct weft_dev *d, const struct weft_op_args
  * staged whole, then all run at once on the engine. */
 static weft_status_t run_together(struct weft_dev *d, struct dev_job *job)
 {
-    struct weft_comm *comm = d->comm;
-    int p = comm->nranks, rank = comm->rank;
-    size_t total = 0;
+    size_t total = 0, in, out;
     for (size_t i = 0; i < job->ncalls; i++) {
-        const struct weft_op_args *a = &job->calls[i].a;
-        size_t es = weft_dtype_size(a->dtype);
-        if (needs_send(a, rank))
-            total += (size_t)blocks_in(a->coll, p) * a->count * es;
-        if (needs_recv(a, rank))
-            total += (size_t)blocks_out(a->coll, p) * a->count * es;
-        total = (total + 63) & ~(size_t)63;
+        call_bytes(d, &job->calls[i].a, &in, &out);
+        total += align64(in) + align64(out);
     }
     WEFT_CHECK(stage_reserve(d, total ? total : 64));
     struct weft_op_args args[job->ncalls];
     char *cur = d->stage;
+    int rank = d->comm->rank;
     weft_status_t st = WEFT_OK;
     for (size_t i = 0; i < job->ncalls && st == WEFT_OK; i++) {
         const struct weft_op_args *a = &job->calls[i].a;
-        size_t es = weft_dtype_size(a->dtype);
+        call_bytes(d, a, &in, &out);
         args[i] = *a;
-        if (needs_send(a, rank)) {
-            size_t b = (size_t)blocks_in(a->coll, p) * a->count * es;
+        if (weft_dev_needs_send(a, rank)) {
             args[i].sendbuf = cur;
-            st = copy2d(d, cur, b, a->sendbuf, b, b, 1);
-            cur += (b + 63) & ~(size_t)63;
+            st = copy2d(d, cur, in, a->sendbuf, in, in, 1);
+            cur += align64(in);
         }
-        if (needs_recv(a, rank)) {
-            size_t b = (size_t)blocks_out(a->coll, p) * a->count * es;
+        if (weft_dev_needs_recv(a, rank)) {
             args[i].recvbuf = cur;
-            cur += (b + 63) & ~(size_t)63;
+            cur += align64(out);
         }
     }
     if (st == WEFT_OK)
@@ -410,11 +406,8 @@ static weft_status_t run_together(struct weft_dev *d, struct dev_job *job)
     if (st == WEFT_OK)
         st = weft_dev_run_host(d, args, job->ncalls);
     for (size_t i = 0; i < job->ncalls && st == WEFT_OK; i++) {
-        const struct weft_op_args *a = &job->calls[i].a;
-        if (needs_recv(a, rank)) {
-            size_t b = (size_t)blocks_out(a->coll, p) * a->count * weft_dtype_size(a->dtype);
-            st = copy2d(d, a->recvbuf, b, args[i].recvbuf, b, b, 1);
-        }
+        call_bytes(d, &job->calls[i].a, &in, &out);
+        st = copy2d(d, job->calls[i].a.recvbuf, out, args[i].recvbuf, out, out, 1);
     }
     weft_status_t sync = weft_dev_cu_check(d, d->cu->cuStreamSynchronize(d->copy), "cuStreamSynchronize (staging)");
     return st != WEFT_OK ? st : sync;

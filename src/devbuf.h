@@ -11,11 +11,10 @@
 #include "comm.h"
 #include "engine.h"
 
-/* True when a plain (non-stream) call on comm must look at its pointers:
- * the CUDA driver is loaded in this process.  Cheap after the first call. */
-bool weft_dev_detect(struct weft_comm *comm) WEFT_HIDDEN;
-/* True when the call's buffers include device or managed memory. */
-bool weft_dev_args_on_device(const struct weft_op_args *a) WEFT_HIDDEN;
+/* True when a or b (either may be NULL) is device or managed memory.  The
+ * pointers are looked at only when a CUDA driver is loaded in this process
+ * (decided once per communicator), so host-only programs pay nothing. */
+bool weft_dev_on_device(struct weft_comm *comm, const void *a, const void *b) WEFT_HIDDEN;
 
 /* A validated call handed to the device worker.  has_stream: the _stream
  * form (stream ordering; NULL stream is the legacy default one); else a

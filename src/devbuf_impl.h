@@ -81,6 +81,18 @@ struct weft_dev_retired {
 void weft_dev_retire(struct weft_dev *d, enum weft_dev_retire_kind kind, uintptr_t p) WEFT_HIDDEN;
 
 
+/* Whether this rank has a send (receive) buffer in the call: a broadcast
+ * is sent only by its root, a reduce received only by its root. */
+static inline bool weft_dev_needs_send(const struct weft_op_args *a, int rank)
+{
+    return a->coll != WEFT_COLL_RECV && !(a->coll == WEFT_COLL_BROADCAST && a->root != rank);
+}
+
+static inline bool weft_dev_needs_recv(const struct weft_op_args *a, int rank)
+{
+    return a->coll != WEFT_COLL_SEND && !(a->coll == WEFT_COLL_REDUCE && a->root != rank);
+}
+
 /* Maps a CUresult to a status with the driver's text in the comm's error. */
 weft_status_t weft_dev_cu_check(struct weft_dev *d, CUresult r, const char *what) WEFT_HIDDEN;
 /* Runs n host operations together on the engine; the first failure. */

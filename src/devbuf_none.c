@@ -5,12 +5,7 @@
  */
 #include "devbuf.h"
 
-bool weft_dev_detect(struct weft_comm *comm)
-{
-    return false;
-}
-
-bool weft_dev_args_on_device(const struct weft_op_args *a)
+bool weft_dev_on_device(struct weft_comm *comm, const void *a, const void *b)
 {
     return false;
 }

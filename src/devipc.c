@@ -260,8 +260,7 @@ weft_status_t weft_devipc_run(struct weft_dev *d, const struct weft_op_args *a, 
     struct weft_devipc *x = ipc_state(d);
     bool reducing = a->coll == WEFT_COLL_ALLREDUCE || a->coll == WEFT_COLL_REDUCE ||
                     a->coll == WEFT_COLL_REDUCE_SCATTER;
-    bool snd = !(a->coll == WEFT_COLL_BROADCAST && a->root != r);
-    bool rcv = !(a->coll == WEFT_COLL_REDUCE && a->root != r);
+    bool snd = weft_dev_needs_send(a, r), rcv = weft_dev_needs_recv(a, r);
     /* Who reads whose buffers: every rank reads the senders' ones; only
      * AllReduce reads receive buffers (the shares). */
     struct ipc_rec mine = {.pid = (uint32_t)getpid()};

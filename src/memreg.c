@@ -69,9 +69,8 @@ weft_status_t weft_mem_register(weft_comm_t comm, void *buf, size_t bytes, void 
     if (r == NULL) {
         st = weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "weft_mem_register: out of memory");
     } else {
-        struct weft_op_args probe = {.sendbuf = buf};
         *r = (struct weft_reg){.magic = REG_MAGIC, .comm = comm, .buf = buf, .bytes = bytes,
-                               .device = weft_dev_detect(comm) && weft_dev_args_on_device(&probe)};
+                               .device = weft_dev_on_device(comm, buf, NULL)};
         struct reg_call rc = {comm, r, false};
         st = weft_engine_exclusive(comm, reg_apply, &rc);
         if (st != WEFT_OK) {

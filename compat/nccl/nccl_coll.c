@@ -12,24 +12,13 @@
 
 #include "compat.h"
 #include "reduce.h"
-#ifdef HAVE_CUDA
-#include "base/cudrv.h"
-#endif
+#include "devbuf.h"
 
 /* True when the call must go on a stream: one was given, or a buffer is
  * device memory (NCCL's NULL stream is then the legacy default one). */
-static bool streamed(cudaStream_t stream, const void *a, const void *b)
+static bool streamed(struct ncclComm *c, cudaStream_t stream, const void *a, const void *b)
 {
-    if (stream != NULL)
-        return true;
-#ifdef HAVE_CUDA
-    return (a != NULL && weft_cu_mem_kind(a, NULL, NULL) != WEFT_MEM_HOST) ||
-           (b != NULL && weft_cu_mem_kind(b, NULL, NULL) != WEFT_MEM_HOST);
-#else
-    (void)a;
-    (void)b;
-    return false;
-#endif
+    return stream != NULL || weft_dev_on_device(c->wc, a, b);
 }
 
 /* ---- per-thread group state ---------------------------------------------- */
@@ -398,7 +387,7 @@ static ncclResult_t red_coll(enum red_kind kind, const char *fn, const void *sen
                                              "%s: recvcount %zu is too large", fn, count));
         n = count * (size_t)c->nranks;
     }
-    bool on_stream = streamed(stream, sendbuff, recvbuff);
+    bool on_stream = streamed(c, stream, sendbuff, recvbuff);
     if (on_stream && op >= ncclNumOps)
         return leave_with(c, compat_fail(c, ncclInvalidUsage,
                                          "%s: PreMulSum operators work on host buffers without a "
@@ -532,7 +521,7 @@ static ncclResult_t move_coll(enum move_kind kind, const char *fn, const void *s
     struct ncclComm *c = enter(comm, fn, stream, datatype, false, &t, &r);
     if (c == NULL)
         return r;
-    bool on_stream = streamed(stream, sendbuff, recvbuff);
+    bool on_stream = streamed(c, stream, sendbuff, recvbuff);
     if (kind >= ALLTOALL)
         return p2p_group(c, kind, fn, sendbuff, recvbuff, count, t, peer, on_stream, stream);
     weft_status_t st;
