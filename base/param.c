@@ -27,7 +27,7 @@ static const struct weft_param_desc core[] = {
     {"WEFT_CHUNK_SIZE", "int", "524288", "bytes one pipelined step carries", NULL},
     {"WEFT_STAGING_SLOTS", "int", "16", "receive-reduce chunks in flight per communicator", NULL},
     {"WEFT_SPIN_US", "int", "-1",
-     "microseconds to poll busily before sleeping (-1: 40, or 1000 yielding the core when this host has more ranks than cores)", NULL},
+     "microseconds to poll busily before sleeping (-1: 1000; yielding the core on every turn when this host has more ranks than cores)", NULL},
     {"WEFT_TRANSPORT", "str", "", "transports allowed (list, ^ excludes): shm carries pairs on one host, tcp the rest", NULL},
     {"WEFT_HOSTID", "str", "", "this host's identity (default hostname + boot id); ranks with equal ones use shm", NULL},
     {"WEFT_BIND", "int", "0", "1: pin each rank's threads to one CPU of those allowed, the k-th rank of a machine to the k-th CPU (0: the kernel places them)", NULL},

@@ -12,6 +12,7 @@
 #include "comm.h"
 #include "devbuf.h"
 #include "engine.h"
+#include "ll.h"
 #include "select/tune.h"
 
 size_t weft_dtype_size(weft_dtype_t dtype)
@@ -118,6 +119,9 @@ static weft_status_t run_acquired(const char *fn, struct weft_comm *comm,
     }
     /* Calls reach the engine in the order they were made. */
     WEFT_CHECK(weft_dev_drain(comm));
+    weft_status_t st;
+    if (req == NULL && group_depth == 0 && weft_ll_run(comm, a, &st))
+        return st;
     struct weft_op *op;
     WEFT_CHECK(weft_engine_op_new(comm, a, &op));
     if (req != NULL) {

@@ -14,6 +14,7 @@
 #include "comm_impl.h"
 #include "engine.h"
 #include "devbuf.h"
+#include "ll.h"
 #include "select/topo.h"
 #include "select/tune.h"
 
@@ -129,6 +130,7 @@ static void comm_free(struct weft_comm *comm)
     free(comm->cpu_group);
     free(comm->group_cores);
     weft_dev_destroy(comm);
+    weft_ll_free(comm);
     weft_engine_destroy(comm->eng);
     weft_tune_cache_free(&comm->tune);
     weft_memreg_free_all(comm);
@@ -272,6 +274,7 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     weft_cal_free(&cal);
     if (st != WEFT_OK)
         goto fail;
+    weft_ll_setup(comm);
     if (!weft_registry_add(&reg, comm)) {
         st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "cannot register the communicator");
         goto fail;

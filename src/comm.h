@@ -19,6 +19,7 @@ struct weft_engine;
 struct weft_transport_ops;
 struct weft_reg;
 struct weft_dev;
+struct weft_ll;
 
 /*
  * Owner: the application (created by weft_comm_init*, freed by
@@ -60,6 +61,7 @@ struct weft_comm {
     uint8_t taddr[128];                /* our published tcp address */
     size_t taddr_len;                  /* (a union weft_sockaddr) */
     struct weft_engine *eng;
+    struct weft_ll *ll;                /* small calls in one shm exchange (ll.c), or NULL */
     _Atomic int error;                 /* sticky weft_status_t */
     _Atomic int aborting;              /* weft_comm_abort in progress */
     _Atomic int told_peers;            /* weft_comm_tell_peers ran */

@@ -494,8 +494,11 @@ static void drive(struct weft_engine *eng, struct weft_op *until)
             continue;
         }
         if (now - idle_since < spin_ns) {
-            if (eng->yield)
-                sched_yield(); /* oversubscribed: let the rank we wait for run */
+            /* Oversubscribed, or a wait longer than a peer's step should
+             * take (another process may hold the core the peer needs):
+             * let the rank we wait for run.  Nobody waiting: it returns. */
+            if (eng->yield || now - idle_since > YIELD_AFTER_NS)
+                sched_yield();
             continue;
         }
         uint64_t left_ms = (comm->timeout_ns - (now - eng->last_event_ns)) / 1000000 + 1;
@@ -688,6 +691,14 @@ weft_status_t weft_engine_exclusive(struct weft_comm *comm, weft_status_t (*fn)(
     weft_status_t st = fn(arg);
     engine_release(comm->eng);
     return st;
+}
+
+weft_status_t weft_engine_fail(struct weft_comm *comm, weft_status_t status)
+{
+    engine_take(comm);
+    fail_all(comm->eng, status);
+    engine_release(comm->eng);
+    return (weft_status_t)atomic_load(&comm->error);
 }
 
 void weft_engine_abort(struct weft_comm *comm, weft_status_t status)

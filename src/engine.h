@@ -70,6 +70,10 @@ weft_status_t weft_engine_drain(struct weft_comm *comm) WEFT_HIDDEN;
 /* Fails every pending op with status and wakes all waiters; returns once
  * no thread is driving progress. */
 void weft_engine_abort(struct weft_comm *comm, weft_status_t status) WEFT_HIDDEN;
+/* A failure found outside the engine (src/ll.c): makes status comm's
+ * sticky error if it has none, tells the peers and fails every pending
+ * op, as the engine does with its own; returns the sticky error. */
+weft_status_t weft_engine_fail(struct weft_comm *comm, weft_status_t status) WEFT_HIDDEN;
 /* Runs fn(arg) as the thread that drives comm (once the current driver,
  * if any, lets go): what it does to the transports races with nothing. */
 weft_status_t weft_engine_exclusive(struct weft_comm *comm, weft_status_t (*fn)(void *), void *arg)

@@ -20,6 +20,8 @@ enum { ST_PENDING = 0, ST_POSTED, ST_LANDED, ST_DONE };
 #define MAX_ACTIVE 32    /* ops in flight at once; later ones wait queued */
 #define SCAN_BUDGET 512  /* unposted steps examined per posting pass */
 #define POLL_SLICE_MS 100
+/* A spin this long without news starts yielding the core on every turn. */
+#define YIELD_AFTER_NS 50000
 
 /* A cached schedule; refs counts the ops using it (evicted only at 0). */
 struct sched_entry {

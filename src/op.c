@@ -66,10 +66,13 @@ void weft_engine_tune(struct weft_engine *eng, int local_ranks)
      * spin, but give the core away on every turn (sched_yield).  Measured
      * 4 ranks on 2 cores, 8 B allreduce: 62 us sleeping in poll at once,
      * 230 us spinning 40 us without yielding, 36 us spinning 1 ms with
-     * yields.  With a core each, a short pure spin is best. */
+     * yields.  With a core each, spin for much longer than a sleeping
+     * peer takes to wake (futex, waker thread, poll: ~50 us here): with a
+     * 40 us spin two ranks woke each other in turn at 50-150 us a call,
+     * for whole runs, where spinning through costs 1.5 us. */
     eng->yield = local_ranks > cores;
     if (spin < 0)
-        spin = eng->yield ? 1000 : 40;
+        spin = 1000;
     eng->spin_us = (int)WEFT_MIN(spin, 1000000);
 }
 

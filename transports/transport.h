@@ -100,6 +100,21 @@ struct weft_transport_ops {
     weft_status_t (*set_waker)(void *ctx, void (*fn)(void *), void *arg);
     bool (*sleep_begin)(void *ctx);
     void (*sleep_end)(void *ctx);
+    /* Optional (shm): short messages outside the request queues, for
+     * collectives of one exchange that skip the engine (src/ll.c).
+     * ll_bytes: the most one message carries toward conn's peer, as the
+     * peer sized its end (0: none).  ll_put: the next message to the peer,
+     * data then its flag, in one cache line when it fits; it may be made
+     * only once the peer's message before it has been taken (ll_get), so
+     * puts and gets alternate on a conn.  ll_get: the peer's next message,
+     * or NULL while it has not arrived (or is longer than ll_bytes: then
+     * *len says so); valid until our next ll_put on conn.  ll_check:
+     * WEFT_OK while the peer lives and has not failed the connection, else
+     * the error, with a message naming it.  Any thread, one per conn. */
+    size_t (*ll_bytes)(void *conn);
+    void (*ll_put)(void *conn, const void *buf, size_t len);
+    const void *(*ll_get)(void *conn, size_t *len);
+    weft_status_t (*ll_check)(void *conn);
 };
 
 /* A vtable from functions named <prefix>_<op>: the nine every transport

@@ -577,4 +577,6 @@ void weft_shm_get_stats(void *vctx, struct weft_shm_stats *out)
 const struct weft_transport_ops weft_shm_ops = WEFT_TRANSPORT_OPS("shm", shm,
     .ready = shm_ready,
     .irecv_take = shm_irecv_take,
-    WEFT_TRANSPORT_SLEEPER(shm));
+    WEFT_TRANSPORT_SLEEPER(shm),
+    .ll_bytes = shm_ll_bytes, .ll_put = shm_ll_put, .ll_get = shm_ll_get,
+    .ll_check = shm_ll_check);

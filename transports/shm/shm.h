@@ -21,7 +21,7 @@
 
 #define SHM_SEG_MAGIC 0x31304d5354464557ull /* "WEFTSM01" in memory */
 #define SHM_ADDR_MAGIC 0x41534657u          /* "WFSA" */
-#define SHM_VERSION 1
+#define SHM_VERSION 2
 #define SHM_LINE 64
 #define SHM_WHY_LEN 384                     /* a failure reason, as the peer reads it */
 #define SHM_CHECK_NS (100ull * 1000000ull)  /* a stalled peer's pid is checked this often */
@@ -31,6 +31,8 @@
  * them; see shm_setup.c for WEFT_SHM_CMA_MIN's default and why). */
 #define SHM_DEFAULT_SLOTS 8
 #define SHM_DEFAULT_SLOT_BYTES (256u << 10)
+#define SHM_DEFAULT_LL_BYTES 4096
+#define SHM_LL_MAX (1u << 20)
 #define SHM_DEFAULT_DIR "/dev/shm"
 
 /* What a slot carries (shm_slot.kind). */
@@ -69,7 +71,29 @@ struct shm_ring {
     alignas(SHM_LINE) _Atomic uint64_t head; /* slots filled so far (producer) */
     alignas(SHM_LINE) _Atomic uint64_t tail; /* slots emptied so far (consumer) */
     struct shm_slot slot[];                  /* (nslots) */
+    /* Then, at shm_ll_off(nslots), two short-message slots (shm_ll_slot
+     * bytes each): the producer's k-th message goes in slot k % 2. */
 };
+
+/* A short message: its number (the flag, stored last with release, so a
+ * reader that sees it sees the rest) and length, then its data; up to 48
+ * bytes travel in the flag's own cache line. */
+struct shm_ll {
+    alignas(SHM_LINE) _Atomic uint64_t flag; /* the message's number, from 1 */
+    uint64_t len;
+    unsigned char data[];
+};
+
+static inline size_t shm_ll_off(uint32_t nslots)
+{
+    size_t end = sizeof(struct shm_ring) + (size_t)nslots * sizeof(struct shm_slot);
+    return (end + SHM_LINE - 1) / SHM_LINE * SHM_LINE;
+}
+
+static inline size_t shm_ll_slot(size_t ll_bytes)
+{
+    return (sizeof(struct shm_ll) + ll_bytes + SHM_LINE - 1) / SHM_LINE * SHM_LINE;
+}
 
 /*
  * The first page of a rank's segment.  Written once by the owner at init,
@@ -83,7 +107,7 @@ struct shm_seg {
     int32_t pid;
     uint64_t job;
     uint32_t nslots;
-    uint32_t pad_;
+    uint32_t ll_bytes;     /* capacity of each ring's short-message slots */
     uint64_t slot_bytes;   /* bytes of data per slot */
     uint64_t hdr_bytes;    /* this header, rounded up to a page */
     uint64_t ring_bytes;   /* per ring: header page(s) + slot data */
@@ -157,6 +181,11 @@ struct shm_conn {
     struct shm_ring *rx;
     char *rx_data;
     uint64_t nsend, nrecv;              /* messages posted per direction */
+    /* Short messages: our two slots in the peer's ring, the peer's in
+     * ours, their capacities, and the messages put and taken so far. */
+    char *ll_tx, *ll_rx;
+    size_t ll_tx_bytes, ll_rx_bytes;
+    uint64_t ll_sent, ll_got;
     struct weft_req_queue sq, rq;       /* sends, receives (struct shm_req) */
 };
 
@@ -188,6 +217,7 @@ struct shm_ctx {
     uint32_t nslots;
     size_t slot_bytes, ring_hdr_bytes, ring_bytes, page;
     size_t cma_min;                     /* sends this long or longer go by CMA; 0: never */
+    size_t ll_bytes;                    /* short-message capacity of our rings */
     bool cma_broken;                    /* we cannot pull (EPERM/ENOSYS): ring only */
     volatile uint64_t probe;            /* read by peers to test CMA */
     _Atomic uint32_t wake_pending;
@@ -222,6 +252,13 @@ weft_tp_finalize_fn shm_finalize WEFT_HIDDEN;
 void shm_waker_stop(struct shm_ctx *ctx) WEFT_HIDDEN;
 /* True when the peer's process has exited (or is a zombie). */
 bool shm_peer_dead(struct shm_conn *c) WEFT_HIDDEN;
+
+/* ---- shm_ll.c: short messages (transport.h's ll_* ops) ----------------- */
+
+size_t shm_ll_bytes(void *conn) WEFT_HIDDEN;
+void shm_ll_put(void *conn, const void *buf, size_t len) WEFT_HIDDEN;
+const void *shm_ll_get(void *conn, size_t *len) WEFT_HIDDEN;
+weft_status_t shm_ll_check(void *conn) WEFT_HIDDEN;
 
 /* For tests and benchmarks: this context's counters. */
 void weft_shm_get_stats(void *ctx, struct weft_shm_stats *out) WEFT_HIDDEN;

@@ -197,6 +197,7 @@ static weft_status_t seg_create(struct shm_ctx *ctx, const char *dir)
     s->job = ctx->job;
     s->nslots = ctx->nslots;
     s->slot_bytes = ctx->slot_bytes;
+    s->ll_bytes = (uint32_t)ctx->ll_bytes;
     s->hdr_bytes = round_up(sizeof(struct shm_seg), ctx->page);
     s->ring_bytes = ctx->ring_bytes;
     s->ring_hdr_bytes = ctx->ring_hdr_bytes;
@@ -225,11 +226,12 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
         return weft_error_quiet(args->err, WEFT_ERR_INVALID_ARG,
                                 "shm init: address buffer of %zu bytes, %zu needed", *addrlen,
                                 sizeof(struct shm_addr));
-    int64_t nslots, slot_bytes, cma_min;
+    int64_t nslots, slot_bytes, cma_min, ll_bytes;
     WEFT_CHECK(env_size(args, "WEFT_SHM_SLOTS", SHM_DEFAULT_SLOTS, 1, 1024, &nslots));
     WEFT_CHECK(env_size(args, "WEFT_SHM_SLOT_BYTES", SHM_DEFAULT_SLOT_BYTES, 4096, 1 << 30,
                         &slot_bytes));
     WEFT_CHECK(env_size(args, "WEFT_SHM_CMA_MIN", SHM_DEFAULT_CMA_MIN, 0, INT64_MAX, &cma_min));
+    WEFT_CHECK(env_size(args, "WEFT_SHM_LL_BYTES", SHM_DEFAULT_LL_BYTES, 0, SHM_LL_MAX, &ll_bytes));
     const char *dir = getenv("WEFT_SHM_DIR");
     if (dir == NULL || *dir == '\0')
         dir = SHM_DEFAULT_DIR;
@@ -259,8 +261,9 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
     ctx->nslots = (uint32_t)nslots;
     ctx->slot_bytes = round_up((size_t)slot_bytes, ctx->page);
     ctx->cma_min = (size_t)cma_min;
-    ctx->ring_hdr_bytes =
-        round_up(sizeof(struct shm_ring) + ctx->nslots * sizeof(struct shm_slot), ctx->page);
+    ctx->ll_bytes = (size_t)ll_bytes;
+    ctx->ring_hdr_bytes = round_up(shm_ll_off(ctx->nslots) + 2 * shm_ll_slot(ctx->ll_bytes),
+                                   ctx->page);
     ctx->ring_bytes = ctx->ring_hdr_bytes + ctx->nslots * ctx->slot_bytes;
     size_t hdr = round_up(sizeof(struct shm_seg), ctx->page);
     if ((size_t)(ctx->ngroup - 1) > (SIZE_MAX / 2 - hdr) / ctx->ring_bytes) {
@@ -326,7 +329,8 @@ static bool seg_hdr_sane(const struct shm_seg *h, const struct shm_ctx *ctx, int
     if (h->slot_bytes == 0 || h->slot_bytes % page || h->hdr_bytes % page ||
         h->ring_hdr_bytes % page || h->slot_bytes > (1u << 30) || h->hdr_bytes > (1u << 20))
         return false;
-    if (h->ring_hdr_bytes < sizeof(struct shm_ring) + h->nslots * sizeof(struct shm_slot) ||
+    if (h->ll_bytes > SHM_LL_MAX ||
+        h->ring_hdr_bytes < shm_ll_off(h->nslots) + 2 * shm_ll_slot(h->ll_bytes) ||
         h->ring_hdr_bytes > (64u << 20))
         return false;
     if (h->ring_bytes != h->ring_hdr_bytes + h->nslots * h->slot_bytes)
@@ -485,6 +489,10 @@ weft_status_t shm_connect(void *vctx, int peer, const void *addr, size_t addrlen
                  (size_t)ring_index(ctx, ctx->rank, peer) * ctx->ring_bytes;
     c->rx = (struct shm_ring *)mine;
     c->rx_data = mine + ctx->ring_hdr_bytes;
+    c->ll_tx = (char *)ring + shm_ll_off(h.nslots);
+    c->ll_tx_bytes = h.ll_bytes;
+    c->ll_rx = mine + shm_ll_off(ctx->nslots);
+    c->ll_rx_bytes = ctx->ll_bytes;
     conn_watch_pid(ctx, c);
     cma_probe(ctx, c);
     ctx->conns[peer] = c;
