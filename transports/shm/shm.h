@@ -31,7 +31,7 @@
  * them; see shm_setup.c for WEFT_SHM_CMA_MIN's default and why). */
 #define SHM_DEFAULT_SLOTS 8
 #define SHM_DEFAULT_SLOT_BYTES (256u << 10)
-#define SHM_DEFAULT_LL_BYTES 4096
+#define SHM_DEFAULT_LL_BYTES 16384
 #define SHM_LL_MAX (1u << 20)
 #define SHM_DEFAULT_DIR "/dev/shm"
 
