@@ -14,6 +14,7 @@
 #include "comm_impl.h"
 #include "engine.h"
 #include "devbuf.h"
+#include "plan.h"
 #include "select/topo.h"
 #include "select/tune.h"
 
@@ -270,6 +271,8 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     if (st == WEFT_OK && cal.nedges > 0)
         st = weft_links_table(comm, all, &cal, &allowed);
     weft_cal_free(&cal);
+    if (st == WEFT_OK)
+        st = weft_tune_file_share(comm, deadline);
     if (st != WEFT_OK)
         goto fail;
     if (!weft_registry_add(&reg, comm)) {
