@@ -487,7 +487,9 @@ void weft_tune_table_fill(struct weft_tune_table *t, const struct weft_tune_poin
                 any[e] |= own[e][cls] >= 0;
             }
         for (int e = 0; e < 4; e++) {
-            /* The nearest element size with points (ties: the larger). */
+            /* The nearest element size with points (ties: the larger); then
+             * from half the smallest size measured to under twice the
+             * largest (two classes per power of two). */
             int from = -1;
             for (int d = 0; d < 4 && from < 0; d++)
                 from = e + d < 4 && any[e + d] ? e + d : e - d >= 0 && any[e - d] ? e - d : -1;
@@ -499,7 +501,7 @@ void weft_tune_table_fill(struct weft_tune_table *t, const struct weft_tune_poin
                 lo++;
             while (pt[hi] < 0)
                 hi--;
-            for (int cls = WEFT_MAX(lo - 2, 1); cls <= WEFT_MIN(hi + 2, WEFT_TUNE_CLASSES - 1);
+            for (int cls = WEFT_MAX(lo - 2, 1); cls <= WEFT_MIN(hi + 1, WEFT_TUNE_CLASSES - 1);
                  cls++) {
                 int below = cls, above = cls;
                 while (below >= lo && pt[below] < 0)

@@ -54,8 +54,8 @@ weft_status_t weft_tune_file_read(const char *path, char **text, size_t *len, ch
 
 /* The plans of a communicator's calls by the points: per (collective,
  * element size), the class measured nearest in size (log scale; ties go
- * to the larger), for classes up to one power of two beyond the measured
- * range; an element size without points of its own takes those of the
+ * to the larger), from half the smallest size measured to under twice the
+ * largest; an element size without points of its own takes those of the
  * nearest that has some ("*" points stand for every size, its own win).
  * t->plan entries: algo * WEFT_VAR_COUNT + variant, -1 where none. */
 void weft_tune_table_fill(struct weft_tune_table *t, const struct weft_tune_point *pts, int n)
