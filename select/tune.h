@@ -190,12 +190,23 @@ int weft_tune_decide(const struct weft_tune_measure *m, const double *all, int n
  * have a weft_tune_measure until the communicator is freed or its
  * algorithms change (weft_comm_set_algo). */
 #define WEFT_TUNE_CLASSES 96 /* size classes: two per power of two, 0 B .. 2^47 B */
+/* The tuning file's plans for a communicator (select/tune_file.h), the
+ * same on every rank: rank 0 read its file at init and sent them.  Written
+ * once at init; a pick takes its class's plan when the communicator's
+ * algorithms allow it. */
+#define WEFT_TUNE_PATH_MAX 256
+struct weft_tune_table {
+    int8_t plan[WEFT_COLL_COUNT][4][WEFT_TUNE_CLASSES]; /* algo * WEFT_VAR_COUNT + variant; -1 none */
+    char path[WEFT_TUNE_PATH_MAX];                       /* rank 0's file; "": no table */
+};
 struct weft_tune_cache {
     _Atomic int32_t plan[WEFT_COLL_COUNT][4][WEFT_TUNE_CLASSES];
     _Atomic int warned[WEFT_COLL_COUNT];
     struct weft_tune_measure *measure[WEFT_COLL_COUNT][4][WEFT_TUNE_CLASSES];
+    struct weft_tune_table file;
 };
-/* Forgets every choice and frees every measurement: empty, as new. */
+/* Forgets every choice and frees every measurement: empty, as new, but
+ * for the tuning file's table, which weft_comm_set_algo keeps. */
 void weft_tune_cache_free(struct weft_tune_cache *c) WEFT_HIDDEN;
 
 /* The size class of a byte count, and the byte count that stands for it. */

@@ -15,6 +15,7 @@
 #include "engine.h"
 #include "devbuf.h"
 #include "ll.h"
+#include "plan.h"
 #include "select/topo.h"
 #include "select/tune.h"
 
@@ -272,6 +273,8 @@ weft_status_t weft_comm_create(struct weft_comm **out, int nranks, const struct 
     if (st == WEFT_OK && cal.nedges > 0)
         st = weft_links_table(comm, all, &cal, &allowed);
     weft_cal_free(&cal);
+    if (st == WEFT_OK)
+        st = weft_tune_file_share(comm, deadline);
     if (st != WEFT_OK)
         goto fail;
     weft_ll_setup(comm);
