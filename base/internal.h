@@ -119,6 +119,14 @@ int64_t weft_param_int(const char *name) WEFT_HIDDEN;
  * values before any other thread runs.  Not thread-safe. */
 void weft_param_reload(void) WEFT_HIDDEN;
 const char *weft_param_str(const char *name) WEFT_HIDDEN; /* never NULL */
+
+/* Reads path whole (a regular file of at most max bytes) into *text,
+ * malloc'd and NUL-terminated, its length in *len.  Errors name the file
+ * in err: WEFT_ERR_SYSTEM (open or read; errno says which, e.g. ENOENT),
+ * WEFT_ERR_INVALID_ARG (not a regular file, or larger), or
+ * WEFT_ERR_NO_MEMORY; *text is NULL then (base/file.c). */
+weft_status_t weft_file_read(const char *path, size_t max, char **text, size_t *len, char *err,
+                             size_t errlen) WEFT_HIDDEN;
 struct weft_param_desc {
     const char *name;
     const char *type; /* "int" or "str" */

@@ -433,43 +433,12 @@ weft_status_t weft_topo_table_parse(struct weft_link_table *tab, const char *tex
 weft_status_t weft_topo_table_load(struct weft_link_table *tab, const char *path, char *err,
                                    size_t errlen)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        weft_topo_errf(err, errlen, "%s: %s", path, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return WEFT_ERR_SYSTEM;
-    }
-    if (!S_ISREG(st.st_mode) || st.st_size > FILE_MAX_BYTES) {
-        weft_topo_errf(err, errlen, "%s: %s", path,
-                       S_ISREG(st.st_mode) ? "larger than 1 MiB" : "not a regular file");
-        close(fd);
-        return WEFT_ERR_INVALID_ARG;
-    }
-    size_t len = (size_t)st.st_size, got = 0;
-    char *text = malloc(len + 1);
-    if (text == NULL) {
-        close(fd);
-        weft_topo_errf(err, errlen, "%s: out of memory", path);
-        return WEFT_ERR_NO_MEMORY;
-    }
-    while (got < len) {
-        ssize_t k = read(fd, text + got, len - got);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0) {
-            weft_topo_errf(err, errlen, "%s: %s", path, strerror(errno));
-            free(text);
-            close(fd);
-            return WEFT_ERR_SYSTEM;
-        }
-        if (k == 0)
-            break;
-        got += (size_t)k;
-    }
-    close(fd);
-    weft_status_t s = weft_topo_table_parse(tab, text, got, path, err, errlen);
+    char *text;
+    size_t len;
+    weft_status_t st = weft_file_read(path, FILE_MAX_BYTES, &text, &len, err, errlen);
+    if (st != WEFT_OK)
+        return st;
+    st = weft_topo_table_parse(tab, text, len, path, err, errlen);
     free(text);
-    return s;
+    return st;
 }

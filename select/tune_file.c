@@ -539,50 +539,10 @@ bool weft_tune_file_path(char *buf, size_t len, bool *named)
 weft_status_t weft_tune_file_read(const char *path, char **text, size_t *len, char *err,
                                   size_t errlen)
 {
-    struct stat sb;
-    *text = NULL;
-    *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 && errno == ENOENT)
+    weft_status_t st = weft_file_read(path, WEFT_TUNE_FILE_MAX, text, len, err, errlen);
+    if (st == WEFT_ERR_SYSTEM && errno == ENOENT)
         return WEFT_ERR_UNSUPPORTED;
-    if (fd < 0 || fstat(fd, &sb) != 0) {
-        errf(err, errlen, "%s: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(sb.st_mode) || (size_t)sb.st_size > WEFT_TUNE_FILE_MAX) {
-        errf(err, errlen, "%s: %s", path,
-             S_ISREG(sb.st_mode) ? "larger than 4 MiB: not a tuning file" : "not a file");
-        goto fail;
-    }
-    size_t cap = (size_t)sb.st_size + 1, got = 0;
-    char *buf = malloc(cap);
-    if (buf == NULL) {
-        errf(err, errlen, "%s: out of memory", path);
-        goto fail;
-    }
-    while (got < cap) {
-        ssize_t r = read(fd, buf + got, cap - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            errf(err, errlen, "%s: %s", path, strerror(errno));
-            free(buf);
-            goto fail;
-        }
-        if (r == 0)
-            break;
-        got += (size_t)r;
-    }
-    close(fd);
-    got = WEFT_MIN(got, cap - 1); /* what grew while we read is the next reader's */
-    buf[got] = '\0';
-    *text = buf;
-    *len = got;
-    return WEFT_OK;
-fail:
-    if (fd >= 0)
-        close(fd);
-    return WEFT_ERR_SYSTEM;
+    return st == WEFT_OK ? WEFT_OK : WEFT_ERR_SYSTEM;
 }
 
 /* Writes all of buf to fd; false with errno. */
