@@ -13,8 +13,7 @@
 
 #include "base/internal.h"
 
-static void file_errf(char *err, size_t len, const char *fmt, ...) WEFT_PRINTF(3, 4);
-static void file_errf(char *err, size_t len, const char *fmt, ...)
+void weft_errf(char *err, size_t len, const char *fmt, ...)
 {
     if (err == NULL || len == 0)
         return;
@@ -33,7 +32,7 @@ weft_status_t weft_file_read(const char *path, size_t max, char **text, size_t *
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0 || fstat(fd, &sb) != 0) {
         int e = errno;
-        file_errf(err, errlen, "%s: %s", path, strerror(e));
+        weft_errf(err, errlen, "%s: %s", path, strerror(e));
         if (fd >= 0)
             close(fd);
         errno = e;
@@ -41,18 +40,18 @@ weft_status_t weft_file_read(const char *path, size_t max, char **text, size_t *
     }
     if (!S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > max) {
         if (S_ISREG(sb.st_mode) && max % (1u << 20) == 0)
-            file_errf(err, errlen, "%s: larger than %zu MiB", path, max >> 20);
+            weft_errf(err, errlen, "%s: larger than %zu MiB", path, max >> 20);
         else if (S_ISREG(sb.st_mode))
-            file_errf(err, errlen, "%s: larger than %zu bytes", path, max);
+            weft_errf(err, errlen, "%s: larger than %zu bytes", path, max);
         else
-            file_errf(err, errlen, "%s: not a regular file", path);
+            weft_errf(err, errlen, "%s: not a regular file", path);
         close(fd);
         return WEFT_ERR_INVALID_ARG;
     }
     size_t cap = (size_t)sb.st_size + 1, got = 0;
     char *buf = malloc(cap);
     if (buf == NULL) {
-        file_errf(err, errlen, "%s: out of memory", path);
+        weft_errf(err, errlen, "%s: out of memory", path);
         close(fd);
         return WEFT_ERR_NO_MEMORY;
     }
@@ -62,7 +61,7 @@ weft_status_t weft_file_read(const char *path, size_t max, char **text, size_t *
             continue;
         if (r < 0) {
             int e = errno;
-            file_errf(err, errlen, "%s: %s", path, strerror(e));
+            weft_errf(err, errlen, "%s: %s", path, strerror(e));
             free(buf);
             close(fd);
             errno = e;

@@ -120,6 +120,8 @@ int64_t weft_param_int(const char *name) WEFT_HIDDEN;
 void weft_param_reload(void) WEFT_HIDDEN;
 const char *weft_param_str(const char *name) WEFT_HIDDEN; /* never NULL */
 
+/* Formats into a caller's message buffer (err may be NULL or len 0: nothing). */
+void weft_errf(char *err, size_t len, const char *fmt, ...) WEFT_HIDDEN WEFT_PRINTF(3, 4);
 /* Reads path whole (a regular file of at most max bytes) into *text,
  * malloc'd and NUL-terminated, its length in *len.  Errors name the file
  * in err: WEFT_ERR_SYSTEM (open or read; errno says which, e.g. ENOENT),

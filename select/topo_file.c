@@ -49,16 +49,16 @@ static weft_status_t bad(const struct ctx *c, const char *what, const char *tok)
 {
     char q[64];
     if (tok)
-        weft_topo_errf(c->err, c->errlen, "%s:%d: %s '%s'", c->name, c->line, what,
+        weft_errf(c->err, c->errlen, "%s:%d: %s '%s'", c->name, c->line, what,
                        weft_topo_quote(tok, strlen(tok), q, sizeof(q)));
     else
-        weft_topo_errf(c->err, c->errlen, "%s:%d: %s", c->name, c->line, what);
+        weft_errf(c->err, c->errlen, "%s:%d: %s", c->name, c->line, what);
     return WEFT_ERR_INVALID_ARG;
 }
 
 static weft_status_t no_memory(const struct ctx *c)
 {
-    weft_topo_errf(c->err, c->errlen, "%s:%d: out of memory", c->name, c->line);
+    weft_errf(c->err, c->errlen, "%s:%d: out of memory", c->name, c->line);
     return WEFT_ERR_NO_MEMORY;
 }
 
@@ -355,7 +355,7 @@ static weft_status_t commit(struct weft_link_table *tab, struct staging *sg, con
     }
     return WEFT_OK;
 nomem:
-    weft_topo_errf(c->err, c->errlen, "%s: out of memory", c->name);
+    weft_errf(c->err, c->errlen, "%s: out of memory", c->name);
     return WEFT_ERR_NO_MEMORY;
 }
 
@@ -379,7 +379,7 @@ weft_status_t weft_topo_table_parse(struct weft_link_table *tab, const char *tex
             n--;
         if (n > LINE_MAX_BYTES) {
             char q[160];
-            weft_topo_errf(err, errlen, "%s:%d: line longer than %d bytes, starting '%s'", c.name,
+            weft_errf(err, errlen, "%s:%d: line longer than %d bytes, starting '%s'", c.name,
                            c.line, LINE_MAX_BYTES, weft_topo_quote(text + pos, 24, q, sizeof(q)));
             st = WEFT_ERR_INVALID_ARG;
             break;
@@ -400,7 +400,7 @@ weft_status_t weft_topo_table_parse(struct weft_link_table *tab, const char *tex
             while (to < n && to - from < 32 && buf[to] != ' ' && buf[to] != '\t')
                 to++;
             char q[160];
-            weft_topo_errf(err, errlen, "%s:%d: %s byte 0x%02x at column %zu in '%s'", c.name,
+            weft_errf(err, errlen, "%s:%d: %s byte 0x%02x at column %zu in '%s'", c.name,
                            c.line, ch >= 0x80 ? "non-ASCII" : "control", ch, k + 1,
                            weft_topo_quote(buf + from, to - from, q, sizeof(q)));
             st = WEFT_ERR_INVALID_ARG;

@@ -56,7 +56,6 @@ bool weft_link_map_reserve(struct weft_link_rules *r, size_t extra) WEFT_HIDDEN;
 struct weft_link_pair *weft_link_map_get(struct weft_link_rules *r, uint64_t key) WEFT_HIDDEN;
 
 /* snprintf into err (NULL or errlen 0: nothing). */
-void weft_topo_errf(char *err, size_t errlen, const char *fmt, ...) WEFT_HIDDEN WEFT_PRINTF(3, 4);
 /* n bytes of s for a message: printable ASCII kept, the rest as \xNN, cut
  * after ~40 characters; returns out. */
 const char *weft_topo_quote(const char *s, size_t n, char *out, size_t len) WEFT_HIDDEN;

@@ -5,21 +5,10 @@
  * topo_file.c); and the alpha-beta fit of ping-pong times.
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "select/topo_impl.h"
-
-void weft_topo_errf(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (err == NULL || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 const char *weft_topo_quote(const char *s, size_t n, char *out, size_t len)
 {
@@ -120,14 +109,14 @@ weft_status_t weft_topo_parse_transports(const char *spec, unsigned *allowed, ch
     weft_transport_list(choosable, ", ", avail, sizeof(avail));
     if (!weft_parse_mask(spec, names, (size_t)n, &mask, bad, sizeof(bad))) {
         char q[64], qb[64];
-        weft_topo_errf(err, errlen, "WEFT_TRANSPORT=%s: unknown transport '%s' (available: %s)",
+        weft_errf(err, errlen, "WEFT_TRANSPORT=%s: unknown transport '%s' (available: %s)",
                        weft_topo_quote(spec, strlen(spec), q, sizeof(q)),
                        weft_topo_quote(bad, strlen(bad), qb, sizeof(qb)), avail);
         return WEFT_ERR_INVALID_ARG;
     }
     if (mask == 0) {
         char q[64];
-        weft_topo_errf(err, errlen, "WEFT_TRANSPORT=%s leaves no transport (available: %s)",
+        weft_errf(err, errlen, "WEFT_TRANSPORT=%s leaves no transport (available: %s)",
                        weft_topo_quote(spec, strlen(spec), q, sizeof(q)), avail);
         return WEFT_ERR_INVALID_ARG;
     }
@@ -185,13 +174,13 @@ static weft_status_t group_hosts(struct weft_link_table *tab, const char *const 
     int *group = calloc((size_t)n, sizeof(*group)); /* rank -> group (sorted order) */
     weft_status_t st = WEFT_OK;
     if (rh == NULL || first == NULL || group == NULL) {
-        weft_topo_errf(err, errlen, "out of memory for %d ranks", n);
+        weft_errf(err, errlen, "out of memory for %d ranks", n);
         st = WEFT_ERR_NO_MEMORY;
         goto out;
     }
     for (int r = 0; r < n; r++) {
         if (hostid && hostid[r] == NULL) {
-            weft_topo_errf(err, errlen, "rank %d has no host id", r);
+            weft_errf(err, errlen, "rank %d has no host id", r);
             st = WEFT_ERR_INVALID_ARG;
             goto out;
         }
@@ -212,7 +201,7 @@ static weft_status_t group_hosts(struct weft_link_table *tab, const char *const 
     if (order == NULL || firsts == NULL || tab->hostid == NULL) {
         free(order);
         free(firsts);
-        weft_topo_errf(err, errlen, "out of memory for %d hosts", ng);
+        weft_errf(err, errlen, "out of memory for %d hosts", ng);
         st = WEFT_ERR_NO_MEMORY;
         goto out;
     }
@@ -231,7 +220,7 @@ static weft_status_t group_hosts(struct weft_link_table *tab, const char *const 
     free(order);
     free(firsts);
     if (st != WEFT_OK)
-        weft_topo_errf(err, errlen, "out of memory for the host ids");
+        weft_errf(err, errlen, "out of memory for the host ids");
 out:
     free(rh);
     free(first);
@@ -259,14 +248,14 @@ static weft_status_t check_reach(const struct weft_link_table *tab, char *err, s
     char names[128], a[64], b[64];
     weft_transport_list(tab->allowed, ", ", names, sizeof(names));
     if (tab->pick[2] < 0) {
-        weft_topo_errf(err, errlen, "link table: no transport carries a rank's messages to itself");
+        weft_errf(err, errlen, "link table: no transport carries a rank's messages to itself");
         return WEFT_ERR_INVALID_ARG;
     }
     int r = 1;
     if (tab->nhosts > 1 && tab->pick[0] < 0) {
         while (tab->host[r] == 0)
             r++;
-        weft_topo_errf(err, errlen,
+        weft_errf(err, errlen,
                        "ranks 0 and %d are on different hosts (%s, %s) but only %s %s allowed "
                        "(WEFT_TRANSPORT)",
                        r, weft_topo_quote(tab->hostid[0], strlen(tab->hostid[0]), a, sizeof(a)),
@@ -280,7 +269,7 @@ static weft_status_t check_reach(const struct weft_link_table *tab, char *err, s
          * shares a host, rank r is on host r. */
         for (r = 0; tab->host[r] == r; r++)
             ;
-        weft_topo_errf(err, errlen,
+        weft_errf(err, errlen,
                        "rank %d shares its host (%s) with a lower rank but only %s %s allowed "
                        "(WEFT_TRANSPORT)",
                        r, weft_topo_quote(tab->hostid[tab->host[r]],
@@ -296,12 +285,12 @@ weft_status_t weft_topo_table_init(struct weft_link_table *tab, int n, const cha
 {
     memset(tab, 0, sizeof(*tab));
     if (n < 1 || n > (1 << 30)) {
-        weft_topo_errf(err, errlen, "link table: %d ranks (must be 1 to 2^30)", n);
+        weft_errf(err, errlen, "link table: %d ranks (must be 1 to 2^30)", n);
         return WEFT_ERR_INVALID_ARG;
     }
     allowed &= weft_transport_choosable();
     if (allowed == 0) {
-        weft_topo_errf(err, errlen, "link table: no transport allowed");
+        weft_errf(err, errlen, "link table: no transport allowed");
         return WEFT_ERR_INVALID_ARG;
     }
     tab->n = n;
@@ -316,7 +305,7 @@ weft_status_t weft_topo_table_init(struct weft_link_table *tab, int n, const cha
     tab->rules = calloc(1, sizeof(*tab->rules));
     weft_status_t st;
     if (tab->host == NULL || tab->rules == NULL) {
-        weft_topo_errf(err, errlen, "out of memory for %d ranks", n);
+        weft_errf(err, errlen, "out of memory for %d ranks", n);
         st = WEFT_ERR_NO_MEMORY;
         goto fail;
     }

@@ -6,7 +6,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,15 +19,6 @@
 #define MAX_NAMES 16  /* transports a header may name */
 #define NAME_LEN 24
 #define MAX_RANKS (1 << 20) /* weft_comm_init's bound */
-
-static void errf(char *err, size_t len, const char *fmt, ...) WEFT_PRINTF(3, 4);
-static void errf(char *err, size_t len, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- section keys ---------------------------------------------------------- */
 
@@ -142,11 +132,11 @@ static bool header_fields(const char *s, size_t len, struct header *h, char *why
             num = &h->ppn;
         if (num) {
             if (*num) {
-                errf(why, wl, "section header: '%.*s' given twice", (int)kl, tok);
+                weft_errf(why, wl, "section header: '%.*s' given twice", (int)kl, tok);
                 return false;
             }
             if ((*num = small_int(v, vl, MAX_RANKS)) < 0) {
-                errf(why, wl, "section header: '%.*s' is not a count from 1 to %d",
+                weft_errf(why, wl, "section header: '%.*s' is not a count from 1 to %d",
                      (int)WEFT_MIN(i - b, (size_t)60), tok, MAX_RANKS);
                 return false;
             }
@@ -155,13 +145,13 @@ static bool header_fields(const char *s, size_t len, struct header *h, char *why
         } else if (eq && kl == 10 && memcmp(tok, "transports", 10) == 0 && !h->transports) {
             h->transports = v, h->transports_len = vl;
         } else {
-            errf(why, wl, "section header: '%.*s' is not nranks=, nodes=, ppn=, layout= or "
+            weft_errf(why, wl, "section header: '%.*s' is not nranks=, nodes=, ppn=, layout= or "
                  "transports= (each once)", (int)WEFT_MIN(i - b, (size_t)60), tok);
             return false;
         }
     }
     if (!h->nranks || !h->nodes || !h->transports || !h->ppn == !h->layout) {
-        errf(why, wl, "section header: wants nranks=, nodes=, transports= and one of ppn= or "
+        weft_errf(why, wl, "section header: wants nranks=, nodes=, transports= and one of ppn= or "
              "layout=");
         return false;
     }
@@ -182,7 +172,7 @@ static bool header_key(const char *s, size_t len, char **key, char *why, size_t 
         return false;
     int n = (int)h.nranks;
     if (h.ppn && h.ppn * h.nodes != h.nranks) {
-        errf(why, wl, "section header: nodes=%ld times ppn=%ld is not nranks=%ld", h.nodes,
+        weft_errf(why, wl, "section header: nodes=%ld times ppn=%ld is not nranks=%ld", h.nodes,
              h.ppn, h.nranks);
         return false;
     }
@@ -196,7 +186,7 @@ static bool header_key(const char *s, size_t len, char **key, char *why, size_t 
         }
         if (i == b || i - b >= NAME_LEN || nn == MAX_NAMES ||
             (i < h.transports_len && h.transports[i] != ',')) {
-            errf(why, wl, "section header: transports=%.*s is not a list of transport names "
+            weft_errf(why, wl, "section header: transports=%.*s is not a list of transport names "
                  "(shm,tcp)", (int)WEFT_MIN(h.transports_len, (size_t)60), h.transports);
             return false;
         }
@@ -228,13 +218,13 @@ static bool header_key(const char *s, size_t len, char **key, char *why, size_t 
             seen += k == q;
         }
         if (!ok || r != n) {
-            errf(why, wl, "section header: layout= wants the node of each of the %d ranks "
+            weft_errf(why, wl, "section header: layout= wants the node of each of the %d ranks "
                  "(0,0,1,1)", n);
             ok = false;
         }
     }
     if (ok && seen != h.nodes) {
-        errf(why, wl, "section header: layout= puts the ranks on %d nodes, not nodes=%ld", seen,
+        weft_errf(why, wl, "section header: layout= puts the ranks on %d nodes, not nodes=%ld", seen,
              h.nodes);
         ok = false;
     }
@@ -293,18 +283,18 @@ static bool parse_plan(const char *s, size_t len, struct weft_plan *pl, char *wh
     size_t fl = slash ? (size_t)(slash - s) : len;
     int a = weft_algo_from_name(s, fl);
     if (a < 0) {
-        errf(why, wl, "unknown plan '%.*s' (weft-info --plans lists them)",
+        weft_errf(why, wl, "unknown plan '%.*s' (weft-info --plans lists them)",
              (int)WEFT_MIN(len, (size_t)40), s);
         return false;
     }
     int v = slash ? weft_algo_variant_from_name(a, slash + 1, len - fl - 1) : 0;
     if (v < 0) {
-        errf(why, wl, "unknown plan '%.*s' (weft-info --plans lists them)",
+        weft_errf(why, wl, "unknown plan '%.*s' (weft-info --plans lists them)",
              (int)WEFT_MIN(len, (size_t)40), s);
         return false;
     }
     if (!slash && weft_algo_variant_name(a, 0) != NULL) {
-        errf(why, wl, "'%s' is a family of plans: name one (%s/%s, %s/%s)", weft_algo_name(a),
+        weft_errf(why, wl, "'%s' is a family of plans: name one (%s/%s, %s/%s)", weft_algo_name(a),
              weft_algo_name(a), weft_algo_variant_name(a, 0), weft_algo_name(a),
              weft_algo_variant_name(a, 1) ? weft_algo_variant_name(a, 1) : "?");
         return false;
@@ -342,23 +332,23 @@ static bool parse_entry(const char *s, size_t len, struct weft_tune_point *p, ch
     size_t tl[4], bytes;
     struct weft_plan pl;
     if (tokens(s, len, tok, tl, 4) != 4) {
-        errf(why, wl, "wants 'collective type bytes plan' (allreduce float32 8 ring)");
+        weft_errf(why, wl, "wants 'collective type bytes plan' (allreduce float32 8 ring)");
         return false;
     }
     int coll = weft_tune_coll_from_name(tok[0], tl[0]);
     int e = weft_tune_file_esize(tok[1], tl[1]);
     if (coll < 0) {
-        errf(why, wl, "unknown collective '%.*s' (allreduce, reducescatter, allgather, "
+        weft_errf(why, wl, "unknown collective '%.*s' (allreduce, reducescatter, allgather, "
              "broadcast, reduce)", (int)WEFT_MIN(tl[0], (size_t)40), tok[0]);
         return false;
     }
     if (e < 0) {
-        errf(why, wl, "unknown element type '%.*s' (a dtype such as float32, a size 1, 2, 4 "
+        weft_errf(why, wl, "unknown element type '%.*s' (a dtype such as float32, a size 1, 2, 4 "
              "or 8, or *)", (int)WEFT_MIN(tl[1], (size_t)40), tok[1]);
         return false;
     }
     if (!parse_bytes(tok[2], tl[2], &bytes)) {
-        errf(why, wl, "'%.*s' is not a size in bytes (8, 64K, 32M)",
+        weft_errf(why, wl, "'%.*s' is not a size in bytes (8, 64K, 32M)",
              (int)WEFT_MIN(tl[2], (size_t)40), tok[2]);
         return false;
     }
@@ -366,7 +356,7 @@ static bool parse_entry(const char *s, size_t len, struct weft_tune_point *p, ch
         return false;
     if (!weft_algo_serves(pl.algo, pl.variant, coll)) {
         char name[32];
-        errf(why, wl, "%s does not run %s", weft_plan_name(pl, name, sizeof(name)),
+        weft_errf(why, wl, "%s does not run %s", weft_plan_name(pl, name, sizeof(name)),
              weft_coll_name(coll));
         return false;
     }
@@ -385,7 +375,7 @@ struct cursor {
 
 static weft_status_t bad(const struct cursor *c, const char *why)
 {
-    errf(c->err, c->errlen, "%s:%d: %s", c->name, c->line, why);
+    weft_errf(c->err, c->errlen, "%s:%d: %s", c->name, c->line, why);
     return WEFT_ERR_INVALID_ARG;
 }
 
@@ -401,7 +391,7 @@ weft_status_t weft_tune_file_parse(const char *text, size_t len, const char *nam
     weft_status_t st = WEFT_OK;
     *n = 0;
     if (seen == NULL) {
-        errf(err, errlen, "%s: out of memory", name);
+        weft_errf(err, errlen, "%s: out of memory", name);
         return WEFT_ERR_NO_MEMORY;
     }
     for (size_t at = 0; at < len && st == WEFT_OK;) {
@@ -613,13 +603,13 @@ weft_status_t weft_tune_file_write(const char *path, const char *key, const char
         return st;
     size_t tl = strlen(path) + 16;
     if ((tmp = malloc(tl)) == NULL) {
-        errf(err, errlen, "%s: out of memory", path);
+        weft_errf(err, errlen, "%s: out of memory", path);
         st = WEFT_ERR_NO_MEMORY;
         goto out;
     }
     snprintf(tmp, tl, "%s.XXXXXX", path);
     if ((fd = mkstemp(tmp)) < 0) {
-        errf(err, errlen, "cannot create a file next to %s: %s", path, strerror(errno));
+        weft_errf(err, errlen, "cannot create a file next to %s: %s", path, strerror(errno));
         st = WEFT_ERR_SYSTEM;
         goto out;
     }
@@ -628,14 +618,14 @@ weft_status_t weft_tune_file_write(const char *path, const char *key, const char
     umask(um);
     if (fchmod(fd, 0666 & ~um) != 0 || !write_merged(fd, old ? old : "", len, key, body) ||
         fsync(fd) != 0) {
-        errf(err, errlen, "writing %s: %s", tmp, strerror(errno));
+        weft_errf(err, errlen, "writing %s: %s", tmp, strerror(errno));
         st = WEFT_ERR_SYSTEM;
         goto out;
     }
     int cfd = fd;
     fd = -1;
     if (close(cfd) != 0 || rename(tmp, path) != 0) {
-        errf(err, errlen, "replacing %s: %s", path, strerror(errno));
+        weft_errf(err, errlen, "replacing %s: %s", path, strerror(errno));
         st = WEFT_ERR_SYSTEM;
         goto out;
     }

@@ -8,7 +8,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -21,17 +20,6 @@
 /* sysfs GID tables are contiguous and at most a few hundred entries long
  * (mlx5: 255); the bound only stops a runaway read of a strange tree. */
 #define GID_TABLE_MAX 4096
-
-static void say(char *why, size_t whylen, const char *fmt, ...) WEFT_PRINTF(3, 4);
-static void say(char *why, size_t whylen, const char *fmt, ...)
-{
-    if (why == NULL || whylen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, whylen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- WEFT_IB_HCA -------------------------------------------------------- */
 
@@ -49,7 +37,7 @@ weft_status_t weft_ib_hca_parse(const char *spec, struct weft_ib_hca_list *out, 
     /* Built aside and copied at the end, so a refusal leaves out as it was. */
     struct weft_ib_hca_list l;
     memset(&l, 0, sizeof(l));
-    say(why, whylen, "%s", "");
+    weft_errf(why, whylen, "%s", "");
     if (spec == NULL || *spec == '\0') {
         *out = l;
         return WEFT_OK;
@@ -64,7 +52,7 @@ weft_status_t weft_ib_hca_parse(const char *spec, struct weft_ib_hca_list *out, 
         p++;
     }
     if (*p == '\0') {
-        say(why, whylen, "WEFT_IB_HCA=\"%s\": no device after \"%s\"", spec, spec);
+        weft_errf(why, whylen, "WEFT_IB_HCA=\"%s\": no device after \"%s\"", spec, spec);
         return WEFT_ERR_INVALID_ARG;
     }
     for (int k = 1;; k++) {
@@ -74,25 +62,25 @@ weft_status_t weft_ib_hca_parse(const char *spec, struct weft_ib_hca_list *out, 
         /* An empty entry would be a prefix of every name: as an inclusion it
          * would select everything, as an exclusion nothing. */
         if (len == 0) {
-            say(why, whylen, "WEFT_IB_HCA=\"%s\": entry %d is empty", spec, k);
+            weft_errf(why, whylen, "WEFT_IB_HCA=\"%s\": entry %d is empty", spec, k);
             return WEFT_ERR_INVALID_ARG;
         }
         if (l.n == WEFT_IB_HCA_MAX) {
-            say(why, whylen, "WEFT_IB_HCA=\"%s\": more than %d entries", spec, WEFT_IB_HCA_MAX);
+            weft_errf(why, whylen, "WEFT_IB_HCA=\"%s\": more than %d entries", spec, WEFT_IB_HCA_MAX);
             return WEFT_ERR_INVALID_ARG;
         }
         if (nlen == 0) {
-            say(why, whylen, "WEFT_IB_HCA entry \"%.*s\" has no device name", len, p);
+            weft_errf(why, whylen, "WEFT_IB_HCA entry \"%.*s\" has no device name", len, p);
             return WEFT_ERR_INVALID_ARG;
         }
         if (nlen > WEFT_IB_NAME_MAX) {
-            say(why, whylen, "WEFT_IB_HCA entry \"%.*s\": device name longer than %d characters",
+            weft_errf(why, whylen, "WEFT_IB_HCA entry \"%.*s\": device name longer than %d characters",
                 len, p, WEFT_IB_NAME_MAX);
             return WEFT_ERR_INVALID_ARG;
         }
         for (int i = 0; i < nlen; i++) {
             if (!name_char(p[i])) {
-                say(why, whylen, "WEFT_IB_HCA entry \"%.*s\": unexpected character '%c'", len, p,
+                weft_errf(why, whylen, "WEFT_IB_HCA entry \"%.*s\": unexpected character '%c'", len, p,
                     p[i]);
                 return WEFT_ERR_INVALID_ARG;
             }
@@ -110,7 +98,7 @@ weft_status_t weft_ib_hca_parse(const char *spec, struct weft_ib_hca_list *out, 
                 v = WEFT_MIN(v * 10 + (*d - '0'), WEFT_IB_PORT_MAX + 1); /* no overflow */
             }
             if (!ok || v < 1 || v > WEFT_IB_PORT_MAX) {
-                say(why, whylen, "WEFT_IB_HCA entry \"%.*s\": port must be a number from 1 to %d",
+                weft_errf(why, whylen, "WEFT_IB_HCA entry \"%.*s\": port must be a number from 1 to %d",
                     len, p, WEFT_IB_PORT_MAX);
                 return WEFT_ERR_INVALID_ARG;
             }
@@ -173,29 +161,29 @@ weft_status_t weft_ib_gids_from_sysfs(const char *sysfs_root, const char *dev, i
                                       struct weft_ib_gid *out, int max, int *n, char *why,
                                       size_t whylen)
 {
-    say(why, whylen, "%s", "");
+    weft_errf(why, whylen, "%s", "");
     *n = 0;
     /* dev comes from ibv_get_device_list, but it becomes a path: refuse
      * anything that would leave the device's folder. */
     if (dev == NULL || *dev == '\0' || strchr(dev, '/') || strcmp(dev, ".") == 0 ||
         strcmp(dev, "..") == 0 || port < 1 || port > WEFT_IB_PORT_MAX || max < 0) {
-        say(why, whylen, "bad device \"%s\" or port %d", dev ? dev : "(null)", port);
+        weft_errf(why, whylen, "bad device \"%s\" or port %d", dev ? dev : "(null)", port);
         return WEFT_ERR_INVALID_ARG;
     }
     char base[PATH_MAX], path[PATH_MAX + 32];
     int bl = snprintf(base, sizeof(base), "%s/class/infiniband/%s/ports/%d", sysfs_root, dev, port);
     if (bl < 0 || (size_t)bl >= sizeof(base)) {
-        say(why, whylen, "sysfs path for %s port %d is too long", dev, port);
+        weft_errf(why, whylen, "sysfs path for %s port %d is too long", dev, port);
         return WEFT_ERR_INVALID_ARG;
     }
     struct stat st;
     snprintf(path, sizeof(path), "%s/gids", base);
     if (stat(path, &st) != 0) {
-        say(why, whylen, "%s: %s", path, strerror(errno));
+        weft_errf(why, whylen, "%s: %s", path, strerror(errno));
         return WEFT_ERR_SYSTEM;
     }
     if (!S_ISDIR(st.st_mode)) {
-        say(why, whylen, "%s: not a folder", path);
+        weft_errf(why, whylen, "%s: not a folder", path);
         return WEFT_ERR_SYSTEM;
     }
     /* "IB/RoCE v1" names both: the link layer tells which. */
@@ -294,16 +282,16 @@ int weft_ib_gid_pick(const struct weft_ib_gid *c, int n, bool roce, int want_ind
                      const uint8_t *local_ip, char *why, size_t whylen)
 {
     char a[INET6_ADDRSTRLEN], b[INET6_ADDRSTRLEN];
-    say(why, whylen, "%s", "");
+    weft_errf(why, whylen, "%s", "");
     if (c == NULL || n <= 0) {
-        say(why, whylen, "the port has no GIDs");
+        weft_errf(why, whylen, "the port has no GIDs");
         return -1;
     }
     if (want_index >= 0) {
         for (int i = 0; i < n; i++)
             if (c[i].index == want_index)
                 return i;
-        say(why, whylen, "GID index %d (WEFT_IB_GID_INDEX) is empty or absent on this port",
+        weft_errf(why, whylen, "GID index %d (WEFT_IB_GID_INDEX) is empty or absent on this port",
             want_index);
         return -1;
     }
@@ -311,11 +299,11 @@ int weft_ib_gid_pick(const struct weft_ib_gid *c, int n, bool roce, int want_ind
         for (int i = 0; i < n; i++)
             if (c[i].index == 0)
                 return i;
-        say(why, whylen, "InfiniBand port without GID 0 (the port GID)");
+        weft_errf(why, whylen, "InfiniBand port without GID 0 (the port GID)");
         return -1;
     }
     if (family != AF_INET && family != AF_INET6) {
-        say(why, whylen, "address family %d is neither AF_INET nor AF_INET6", family);
+        weft_errf(why, whylen, "address family %d is neither AF_INET nor AF_INET6", family);
         return -1;
     }
     const char *fam = family == AF_INET ? "IPv4" : "IPv6";
@@ -339,7 +327,7 @@ int weft_ib_gid_pick(const struct weft_ib_gid *c, int n, bool roce, int want_ind
     }
     if (best >= 0) {
         if (local_ip && !best_ip)
-            say(why, whylen, "no %s GID carries the local address %s; took index %d (%s, %s)",
+            weft_errf(why, whylen, "no %s GID carries the local address %s; took index %d (%s, %s)",
                 fam, inet_ntop(family, local_ip, a, sizeof(a)) ? a : "?", c[best].index,
                 weft_ib_gid_str(c[best].raw, b, sizeof(b)), type_name(effective_type(&c[best])));
         return best;
@@ -350,14 +338,14 @@ int weft_ib_gid_pick(const struct weft_ib_gid *c, int n, bool roce, int want_ind
             (best < 0 || c[i].index < c[best].index))
             best = i;
     if (best >= 0) {
-        say(why, whylen, "no RoCE GID with an %s address; falling back to index %d (%s, RoCE v2)",
+        weft_errf(why, whylen, "no RoCE GID with an %s address; falling back to index %d (%s, RoCE v2)",
             fam, c[best].index, weft_ib_gid_str(c[best].raw, b, sizeof(b)));
         return best;
     }
     for (int i = 0; i < n; i++)
         if (best < 0 || c[i].index < c[best].index)
             best = i;
-    say(why, whylen,
+    weft_errf(why, whylen,
         "no RoCE GID with an %s address and none of RoCE v2; falling back to index %d (%s, %s)",
         fam, c[best].index, weft_ib_gid_str(c[best].raw, b, sizeof(b)),
         type_name(effective_type(&c[best])));
