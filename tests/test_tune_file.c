@@ -401,7 +401,7 @@ static int same_table(weft_comm_t comm, int rank, int p, const struct expect *x)
 /* An allreduce of count floats, checked; then the plan its class settled on. */
 static int settled(weft_comm_t comm, int rank, int p, size_t count, int *plan)
 {
-    float s[16], r[16];
+    float s[16] = {0}, r[16];
     for (size_t i = 0; i < count; i++)
         s[i] = (float)(rank + (int)i);
     WT_CHECK_OK(rank, comm, "allreduce", weft_allreduce(s, r, count, WEFT_FLOAT32, WEFT_SUM, comm));
