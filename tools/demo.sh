@@ -15,8 +15,9 @@ if ! command -v bible >/dev/null; then
 fi
 # Time every plan on this machine once (about 20 s) and keep the fastest per
 # collective and size: the runs below take their plans from the first call.
-export WEFT_TUNE_FILE=$PWD/build/weft-tune.txt
-[ -s "$WEFT_TUNE_FILE" ] || ./build/weftrun -n 4 -q ./build/weft-tune -e 16M
+tune=$PWD/build/weft-tune.txt
+[ -s "$tune" ] || ./build/weftrun -n 4 -q ./build/weft-tune -e 16M -o "$tune"
+export WEFT_TUNE_FILE=$tune
 ./build/weftrun -n 4 --no-prefix ./build/all_reduce_perf -b 4 -e 16M -f 4 -d float -o sum -c 1
 # One verse per line, without the references (about 4 MB).
 [ -s build/kjv.txt ] || bible -f gen1:1-rev22:21 | sed 's/^[^ ]* //' >build/kjv.txt
