@@ -703,11 +703,8 @@ weft_status_t weft_engine_fail(struct weft_comm *comm, weft_status_t status)
 
 void weft_engine_abort(struct weft_comm *comm, weft_status_t status)
 {
-    struct weft_engine *eng = comm->eng;
     weft_comm_fail(comm, status);
     atomic_store(&comm->aborting, 1);
     weft_comm_wakeup(comm);
-    engine_take(comm);
-    fail_all(eng, status);
-    engine_release(eng);
+    weft_engine_fail(comm, status);
 }

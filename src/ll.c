@@ -81,26 +81,6 @@ size_t weft_ll_max(const struct weft_comm *comm)
     return comm->ll ? comm->ll->max : 0;
 }
 
-/* The bytes each message of the call carries (the largest one), or 0 when
- * this path does not run it. */
-static size_t msg_bytes(const struct weft_op_args *a, size_t esize)
-{
-    switch (a->coll) {
-    case WEFT_COLL_ALLREDUCE:
-    case WEFT_COLL_REDUCE_SCATTER:
-    case WEFT_COLL_ALLGATHER:
-    case WEFT_COLL_BROADCAST:
-    case WEFT_COLL_REDUCE: return a->count * esize;
-    default: return 0;
-    }
-}
-
-/* A failure found while waiting: comm's, told to the peers. */
-static weft_status_t fail(struct weft_comm *comm, weft_status_t st)
-{
-    return weft_engine_fail(comm, st);
-}
-
 /* What ll_get returned (d, len): the message if it is this call's. */
 static weft_status_t arrived(struct weft_comm *comm, const struct weft_op_args *a, int peer,
                              const void *d, size_t len, size_t want, const void **out)
@@ -109,7 +89,7 @@ static weft_status_t arrived(struct weft_comm *comm, const struct weft_op_args *
         *out = d;
         return WEFT_OK;
     }
-    return fail(comm, weft_error(weft_comm_err(comm), WEFT_ERR_MISMATCH,
+    return weft_engine_fail(comm, weft_error(weft_comm_err(comm), WEFT_ERR_MISMATCH,
                                  "rank %d: %s of %zu elements: rank %d sent %s%zu bytes where "
                                  "%zu were expected; the ranks' calls differ",
                                  comm->rank, weft_coll_name(a->coll), a->count, peer,
@@ -150,7 +130,7 @@ static weft_status_t take_slow(struct weft_comm *comm, const struct weft_op_args
                                 comm->rank, weft_coll_name(a->coll), a->count,
                                 (unsigned long long)(comm->timeout_ns / 1000000), peer);
             if (st != WEFT_OK)
-                return fail(comm, st);
+                return weft_engine_fail(comm, st); /* comm's now, told to the peers */
         }
         if (waited < spin_ns) {
             if (yield || waited > YIELD_AFTER_NS)
@@ -276,10 +256,12 @@ static weft_status_t run(struct weft_comm *comm, const struct weft_op_args *a, s
 bool weft_ll_run(struct weft_comm *comm, const struct weft_op_args *a, weft_status_t *st)
 {
     struct weft_ll *ll = comm->ll;
-    if (ll == NULL || a->count == 0 || comm->algos[a->coll] != WEFT_PLAN_ALL || comm->eng->check)
+    if (ll == NULL || a->count == 0 || a->coll == WEFT_COLL_SEND || a->coll == WEFT_COLL_RECV ||
+        comm->algos[a->coll] != WEFT_PLAN_ALL || comm->eng->check)
         return false;
-    size_t n = msg_bytes(a, weft_dtype_size(a->dtype));
-    if (n == 0 || n > ll->max)
+    /* Every collective's largest message is count elements. */
+    size_t n = a->count * weft_dtype_size(a->dtype);
+    if (n > ll->max)
         return false;
     if (!(atomic_fetch_or(&ll->told, 1u << a->coll) & (1u << a->coll)))
         WEFT_INFO(WEFT_SUB_COLL, "%s of up to %zu bytes on %d ranks: one shared-memory exchange "

@@ -97,6 +97,15 @@ void shm_conn_fail(struct shm_conn *c, weft_status_t status, const char *fmt, ..
 static bool conn_send(struct shm_conn *c);
 static bool conn_recv(struct shm_conn *c);
 
+void shm_peer_failure(const struct shm_conn *c, char *msg, size_t len)
+{
+    char why[SHM_WHY_LEN];
+    memcpy(why, c->tx->why, sizeof(why)); /* the peer's bytes: terminate */
+    why[sizeof(why) - 1] = '\0';
+    snprintf(msg, len, "rank %d: the shared-memory connection to rank %d failed on its side: %s",
+             c->ctx->rank, c->peer, why);
+}
+
 /* The peer failed the connection (or closed its transport) and said why.
  * What it published before that is still delivered: our look at the slots
  * may have come before the flag we just saw, so look again.  Returns true
@@ -112,12 +121,9 @@ static bool conn_check_peer_failed(struct shm_conn *c)
         moved |= conn_recv(c);
     if (moved || c->base.err != WEFT_OK)
         return true;
-    char why[SHM_WHY_LEN];
-    memcpy(why, c->tx->why, sizeof(why));
-    why[sizeof(why) - 1] = '\0';
-    shm_conn_fail(c, WEFT_ERR_REMOTE,
-                  "rank %d: the shared-memory connection to rank %d failed on its side: %s",
-                  c->ctx->rank, c->peer, why);
+    char msg[SHM_FAILURE_LEN];
+    shm_peer_failure(c, msg, sizeof(msg));
+    shm_conn_fail(c, WEFT_ERR_REMOTE, "%s", msg);
     return true;
 }
 

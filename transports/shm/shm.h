@@ -239,6 +239,10 @@ struct shm_ctx {
  * failure record, fails every queued request. */
 void shm_conn_fail(struct shm_conn *c, weft_status_t status, const char *fmt, ...)
     WEFT_HIDDEN WEFT_PRINTF(3, 4);
+/* The message for a peer that failed the connection on its side: its
+ * failure record's reason, after ours (SHM_FAILURE_LEN holds it whole). */
+#define SHM_FAILURE_LEN (SHM_WHY_LEN + 96)
+void shm_peer_failure(const struct shm_conn *c, char *msg, size_t len) WEFT_HIDDEN;
 /* Rings the peer's doorbell if it sleeps (after a fence: see shm.c). */
 void shm_signal(struct shm_conn *c) WEFT_HIDDEN;
 

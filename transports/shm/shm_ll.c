@@ -58,12 +58,9 @@ weft_status_t shm_ll_check(void *vconn)
     struct shm_conn *c = vconn;
     struct shm_ctx *ctx = c->ctx;
     if (atomic_load_explicit(&c->tx->failed, memory_order_acquire) != 0) {
-        char why[SHM_WHY_LEN];
-        memcpy(why, c->tx->why, sizeof(why));
-        why[sizeof(why) - 1] = '\0';
-        return weft_error(ctx->err, WEFT_ERR_REMOTE,
-                          "rank %d: the shared-memory connection to rank %d failed on its side: %s",
-                          ctx->rank, c->peer, why);
+        char msg[SHM_FAILURE_LEN];
+        shm_peer_failure(c, msg, sizeof(msg));
+        return weft_error(ctx->err, WEFT_ERR_REMOTE, "%s", msg);
     }
     if (shm_peer_dead(c))
         return weft_error(ctx->err, WEFT_ERR_REMOTE, "rank %d: rank %d (pid %d) exited",
