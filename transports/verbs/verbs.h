@@ -191,6 +191,7 @@ struct vb_ctx {
     struct rdma_cm_id *cm_listen;
     int cm_setup;                   /* conns whose rdma_cm connection is not up yet */
     uint16_t cm_port;               /* the listener's, network order */
+    union weft_sockaddr cm_src;     /* the listener's address, port 0: what we resolve from */
     struct ibv_pd *pd;
     struct ibv_comp_channel *chan;
     struct ibv_cq *cq;

@@ -80,6 +80,7 @@ bool vb_cm_open(struct vb_ctx *ctx, const union weft_sockaddr *local, const void
     struct sockaddr *sa = rdma_get_local_addr(ctx->cm_listen);
     ctx->cm_port = sa->sa_family == AF_INET6 ? ((struct sockaddr_in6 *)sa)->sin6_port
                                              : ((struct sockaddr_in *)sa)->sin_port;
+    ctx->cm_src = a;
     ctx->dev = ctx->cm_listen->verbs;
     ctx->dev_borrowed = true;
     ctx->port = port;
@@ -115,10 +116,13 @@ weft_status_t vb_cm_connect(struct vb_conn *c)
         memcpy(&to.in.sin_addr, c->addr.cm_ip, 4);
         to.in.sin_port = c->addr.cm_port;
     }
+    /* From the listener's address: without a source the kernel routes by
+     * destination alone, and where two devices share a host (or a peer's
+     * address is also local) that can land on another device than ours. */
     for (int i = 0; i < c->nqps; i++) {
         struct vb_qp *q = &c->qps[i];
         if (rdma_create_id(ctx->cm_chan, &q->cm_id, q, RDMA_PS_TCP) != 0 ||
-            rdma_resolve_addr(q->cm_id, NULL, &to.sa, CM_TIMEOUT_MS) != 0) {
+            rdma_resolve_addr(q->cm_id, &ctx->cm_src.sa, &to.sa, CM_TIMEOUT_MS) != 0) {
             cm_fail(c, i, strerror(errno), errno);
             return WEFT_ERR_REMOTE;
         }
@@ -126,21 +130,29 @@ weft_status_t vb_cm_connect(struct vb_conn *c)
     return WEFT_OK;
 }
 
-/* A queue pair for id (ours or a request's), with its receives posted. */
-static int cm_qp(struct vb_qp *q, struct rdma_cm_id *id)
+/* A queue pair for id (ours or a request's), with its receives posted;
+ * false with c failed and why said. */
+static bool cm_qp(struct vb_qp *q, struct rdma_cm_id *id)
 {
-    struct vb_ctx *ctx = q->conn->ctx;
+    struct vb_conn *c = q->conn;
+    struct vb_ctx *ctx = c->ctx;
     if (id->verbs != ctx->dev) {
-        errno = EXDEV; /* another device than the listener's */
-        return -1;
+        char what[160];
+        snprintf(what, sizeof(what), "routed through %s port %d, not the listener's device",
+                 id->verbs ? ibv_get_device_name(id->verbs->device) : "no device",
+                 (int)id->port_num);
+        cm_fail(c, q->index, what, EXDEV);
+        return false;
     }
     struct ibv_qp_init_attr ia;
     vb_qp_init_attr(ctx, q, &ia);
-    if (rdma_create_qp(id, ctx->pd, &ia) != 0)
-        return -1;
+    if (rdma_create_qp(id, ctx->pd, &ia) != 0) {
+        cm_fail(c, q->index, strerror(errno), errno);
+        return false;
+    }
     q->cm_id = id;
     q->qp = id->qp;
-    return vb_qp_prepare(q->conn, q) == WEFT_OK ? 0 : -1;
+    return vb_qp_prepare(c, q) == WEFT_OK;
 }
 
 static struct rdma_conn_param cm_param(struct vb_ctx *ctx, const void *priv, size_t len)
@@ -180,7 +192,7 @@ static void on_request(struct vb_ctx *ctx, struct rdma_cm_event *ev)
                     struct vb_qp *q = &c->qps[qi];
                     struct rdma_conn_param cp = cm_param(ctx, NULL, 0);
                     ev->id->context = q;
-                    if (cm_qp(q, ev->id) != 0 || rdma_accept(ev->id, &cp) != 0)
+                    if (cm_qp(q, ev->id) && rdma_accept(ev->id, &cp) != 0)
                         cm_fail(c, (int)qi, strerror(errno), errno);
                     return;
                 }
@@ -221,7 +233,7 @@ void vb_cm_drain(struct vb_ctx *ctx)
                 vb_cm_proof(ctx->secret, c->theirs.nonce, (uint32_t)ctx->rank,
                             (uint32_t)q->index, rq.proof);
                 cp = cm_param(ctx, &rq, sizeof(rq));
-                if (cm_qp(q, q->cm_id) != 0 || rdma_connect(q->cm_id, &cp) != 0)
+                if (cm_qp(q, q->cm_id) && rdma_connect(q->cm_id, &cp) != 0)
                     cm_fail(c, q->index, strerror(errno), errno);
                 break;
             case RDMA_CM_EVENT_ESTABLISHED:
