@@ -101,6 +101,7 @@ struct cm_id {
     struct rdma_cm_id id;
     char shadow[256];
     enum cm_state state;
+    uint8_t ack_timeout; /* rdma_set_option's; 0: the route's (CM_TIMEOUT) */
     bool was_connected;
     bool peer_gone; /* the peer went away before the app finished its step */
     struct cm_link *link;
@@ -459,7 +460,7 @@ static int qp_connect(struct cm_id *c, uint8_t resp_res, uint8_t init_depth, uin
         return err;
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTS;
-    a.timeout = CM_TIMEOUT;
+    a.timeout = c->ack_timeout ? c->ack_timeout : CM_TIMEOUT;
     a.retry_cnt = retry > 7 ? 7 : retry;
     a.rnr_retry = rnr_retry > 7 ? 7 : rnr_retry;
     a.sq_psn = c->psn;
@@ -1136,6 +1137,22 @@ SV_EXPORT int rdma_listen(struct rdma_cm_id *id, int backlog)
         err = EINVAL;
     pthread_mutex_unlock(&cm.lock);
     return err ? cm_err(err) : 0;
+}
+
+/* As the kernel has it: RDMA_OPTION_ID_ACK_TIMEOUT sets the queue pair's
+ * ack timeout at RTS instead of the route's; other options are refused. */
+SV_EXPORT int rdma_set_option(struct rdma_cm_id *id, int level, int optname, void *optval,
+                              size_t optlen)
+{
+    if (!id || !optval)
+        return cm_err(EINVAL);
+    if (level != RDMA_OPTION_ID || optname != RDMA_OPTION_ID_ACK_TIMEOUT ||
+        optlen != sizeof(uint8_t))
+        return cm_err(ENOSYS);
+    pthread_mutex_lock(&cm.lock);
+    cm_of(id)->ack_timeout = *(uint8_t *)optval & 0x1f;
+    pthread_mutex_unlock(&cm.lock);
+    return 0;
 }
 
 /* Resolution is local: any IPv4/IPv6 destination resolves when this

@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,8 +54,10 @@ static void req_returned(struct weft_req *base)
 
 static void req_finish(struct vb_req *r, weft_status_t st)
 {
-    if (r->base.status == WEFT_INPROGRESS)
+    if (r->base.status == WEFT_INPROGRESS) {
         r->base.status = st;
+        req_conn(r)->ctx->finished = true;
+    }
 }
 
 /* ---- connection failure ------------------------------------------------------ */
@@ -151,6 +154,47 @@ weft_status_t vb_post_recv(struct vb_qp *q, int n)
     return WEFT_OK;
 }
 
+/* Copies small message e out of its slot into r and completes r; false
+ * with c failed when it does not fit. */
+static bool eager_take(struct vb_conn *c, struct vb_req *r, const struct vb_eager *e)
+{
+    if (e->len > r->base.len) {
+        vb_conn_fail(c, WEFT_ERR_REMOTE,
+                     "rank %d: rank %d sent a %u-byte message to a %zu-byte receive",
+                     c->ctx->rank, c->peer, e->len, r->base.len);
+        return false;
+    }
+    memcpy(r->base.buf, c->mem->eager[e->slot], e->len);
+    r->base.bytes = e->len;
+    c->eager_done++;
+    req_finish(r, WEFT_OK);
+    return true;
+}
+
+/* A small message landed in slot order: into its receive if described
+ * (and no earlier one waits), else kept for describe_one. */
+static void on_eager(struct vb_conn *c, struct vb_qp *q, uint32_t seq, uint32_t len)
+{
+    if (q->index != 0 || len > VB_INLINE || c->npend == VB_FIFO) {
+        vb_conn_fail(c, WEFT_ERR_REMOTE,
+                     "rank %d: rank %d sent a small message out of protocol (%u bytes, queue "
+                     "pair %d)",
+                     c->ctx->rank, c->peer, len, q->index);
+        return;
+    }
+    struct vb_eager e = {seq, c->eager_in++ % VB_FIFO, len};
+    struct vb_req *r = c->rslot[seq % VB_FIFO];
+    if (c->npend == 0 && r != NULL && (r->seq & 0xffffffu) == seq) {
+        c->rslot[seq % VB_FIFO] = NULL;
+        if (eager_take(c, r, &e))
+            req_release(c->ctx, r);
+        vb_work_add(c);
+        return;
+    }
+    c->pend[(c->pend_head + c->npend++) % VB_FIFO] = e;
+    vb_work_add(c);
+}
+
 /* Describes the oldest undescribed receive to the peer; false when it
  * must wait (slot busy, queue full). */
 static bool describe_one(struct vb_conn *c)
@@ -163,7 +207,16 @@ static bool describe_one(struct vb_conn *c)
         return false;
     uint64_t addr = 0;
     uint32_t rkey = 0;
-    if (r->base.len > 0) {
+    /* Its message came eagerly: it completes now, and the descriptor, an
+     * empty one, only tells the sender so (and returns the slot). */
+    bool came = c->npend > 0 && c->pend[c->pend_head].seq == (r->seq & 0xffffffu);
+    if (came) {
+        struct vb_eager e = c->pend[c->pend_head];
+        c->pend_head = (c->pend_head + 1) % VB_FIFO;
+        c->npend--;
+        if (!eager_take(c, r, &e))
+            return false;
+    } else if (r->base.len > 0) {
         r->mr = weft_regcache_get(&ctx->rc, r->base.buf, r->base.len, ctx->regcache_all);
         if (r->mr) {
             addr = (uintptr_t)r->base.buf;
@@ -179,7 +232,8 @@ static bool describe_one(struct vb_conn *c)
             return false;
         }
     }
-    struct vb_desc d = {.addr = addr, .len = r->base.len, .rkey = rkey, .seq = r->seq + 1};
+    struct vb_desc d = {.addr = addr, .len = came ? 0 : r->base.len, .rkey = rkey,
+                        .seq = r->seq + 1, .eager_done = c->eager_done};
     struct ibv_sge sge = {.addr = (uintptr_t)&d, .length = sizeof(d), .lkey = 0};
     bool sig = q->unsignaled + 1 >= VB_SIGNAL_EVERY;
     struct ibv_send_wr wr = {
@@ -200,8 +254,49 @@ static bool describe_one(struct vb_conn *c)
         return false;
     }
     weft_req_dequeue(&c->rq);
-    c->rslot[slot] = r;
+    if (came)
+        req_release(ctx, r);
+    else
+        c->rslot[slot] = r;
     c->rdesc++;
+    return true;
+}
+
+/* Sends r, which has no descriptor yet, eagerly if it is small and the
+ * peer has a slot free; false when it must wait for its descriptor. */
+static bool write_eager(struct vb_conn *c, struct vb_req *r)
+{
+    struct vb_ctx *ctx = c->ctx;
+    struct vb_qp *q = &c->qps[0];
+    size_t len = r->base.len;
+    if (len > (size_t)ctx->max_inline || c->eager_out - c->eager_credit >= VB_FIFO ||
+        !sq_room(q, 1))
+        return false;
+    uint32_t slot = c->eager_out % VB_FIFO;
+    struct ibv_sge sge = {.addr = (uintptr_t)r->base.buf, .length = (uint32_t)len, .lkey = 0};
+    bool sig = q->unsignaled + 1 >= VB_SIGNAL_EVERY;
+    struct ibv_send_wr wr = {
+        .wr_id = (uintptr_t)q | WR_FIFO,
+        .sg_list = &sge,
+        .num_sge = len > 0 ? 1 : 0,
+        .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+        .send_flags = IBV_SEND_INLINE | (sig ? IBV_SEND_SIGNALED : 0),
+        .imm_data = htobe32(VB_IMM(VB_IMM_EAGER, 1, r->seq)),
+    };
+    wr.wr.rdma.remote_addr =
+        c->peer_fifo + offsetof(struct vb_peer_mem, eager) + (uint64_t)slot * VB_INLINE;
+    wr.wr.rdma.rkey = c->peer_fifo_rkey;
+    int rc = sq_post(q, &wr, 1, sig);
+    if (rc != 0) {
+        vb_conn_fail(c, WEFT_ERR_SYSTEM, "rank %d: %s port %d: cannot post a write to rank %d: %s",
+                     ctx->rank, ctx->devname, ctx->port, c->peer, strerror(rc));
+        return false;
+    }
+    weft_req_dequeue(&c->sq);
+    c->nwritten++;
+    c->eager_out++;
+    r->base.bytes = len;
+    req_finish(r, WEFT_OK);
     return true;
 }
 
@@ -213,8 +308,8 @@ static bool write_one(struct vb_conn *c)
     struct vb_req *r = (struct vb_req *)c->sq.head;
     uint32_t slot = r->seq % VB_FIFO;
     if (!c->desc_seen[slot])
-        return false;
-    const volatile struct vb_desc *vd = &c->fifo[slot];
+        return write_eager(c, r);
+    const volatile struct vb_desc *vd = &c->mem->desc[slot];
     struct vb_desc d = {.addr = vd->addr, .len = vd->len, .rkey = vd->rkey, .seq = vd->seq};
     if (d.seq != r->seq + 1) {
         vb_conn_fail(c, WEFT_ERR_REMOTE,
@@ -255,6 +350,7 @@ static bool write_one(struct vb_conn *c)
     }
     c->desc_seen[slot] = false;
     weft_req_dequeue(&c->sq);
+    c->nwritten++;
     if (toolong) {
         /* Tell the receiver (its request fails too), move no byte. */
         struct ibv_send_wr wr = {
@@ -317,6 +413,16 @@ static bool write_one(struct vb_conn *c)
         }
         off += slen;
     }
+    /* An inline payload is in the work request already: the buffer is the
+     * caller's again, and waiting for the peer's acknowledgement would put
+     * a round trip in every small send.  A failed write still fails the
+     * connection, and with it the calls that follow. */
+    if (inl) {
+        req_finish(r, WEFT_OK);
+    } else {
+        r->writing = true;
+        c->writing++;
+    }
     return true;
 }
 
@@ -367,13 +473,24 @@ static void on_recv(struct vb_qp *q, const struct ibv_wc *wc)
                          c->peer, seq, c->sdesc & 0xffffffu);
             return;
         }
-        c->desc_seen[c->sdesc % VB_FIFO] = true;
+        /* The slot may hold a newer descriptor already; its count is only
+         * larger, and counts only grow. */
+        uint32_t done = ((const volatile struct vb_desc *)&c->mem->desc[c->sdesc % VB_FIFO])->eager_done;
+        if ((int32_t)(done - c->eager_credit) > 0 && (int32_t)(c->eager_out - done) >= 0)
+            c->eager_credit = done;
+        /* A message already sent eagerly needs no descriptor. */
+        if ((int32_t)(c->sdesc - c->nwritten) >= 0)
+            c->desc_seen[c->sdesc % VB_FIFO] = true;
         c->sdesc++;
         vb_work_add(c);
         return;
     }
+    if (VB_IMM_KIND(imm) == VB_IMM_EAGER) {
+        on_eager(c, q, seq, wc->byte_len);
+        return;
+    }
     struct vb_req *r = c->rslot[seq % VB_FIFO];
-    if (r == NULL || (r->seq & 0xffffffu) != seq || VB_IMM_KIND(imm) == 3) {
+    if (r == NULL || (r->seq & 0xffffffu) != seq) {
         vb_conn_fail(c, WEFT_ERR_REMOTE,
                      "rank %d: rank %d wrote message %u, which was not described", c->ctx->rank,
                      c->peer, seq);
@@ -408,6 +525,10 @@ static void on_send(struct vb_req *r, struct vb_qp *q, const struct ibv_wc *wc)
     struct vb_conn *c = req_conn(r);
     sq_retire(q);
     r->wrs--;
+    if (r->wrs == 0 && r->writing) {
+        r->writing = false;
+        c->writing--;
+    }
     if (wc->status != IBV_WC_SUCCESS) {
         wc_fail(c, wc, "a write");
         req_finish(r, c->base.err);
@@ -431,8 +552,9 @@ static int poll_cq(struct vb_ctx *ctx)
             } else if (WR_KIND(id) == WR_FIFO) {
                 struct vb_qp *q = WR_PTR(id);
                 sq_retire(q);
+                vb_work_add(q->conn); /* room for a write that waited */
                 if (wc[i].status != IBV_WC_SUCCESS)
-                    wc_fail(q->conn, &wc[i], "a descriptor write");
+                    wc_fail(q->conn, &wc[i], "a descriptor or small write");
             } else {
                 struct vb_req *r = WR_PTR(id);
                 on_send(r, &req_conn(r)->qps[WR_QP(id)], &wc[i]);
@@ -583,8 +705,13 @@ static bool vb_sleep_begin(void *vctx)
         return true; /* cannot be woken: do not sleep */
     /* What landed between the poll and the arming raised no event. */
     n += poll_cq(ctx);
+    /* A request that finished in this round's progress (a completion, or a
+     * receive whose small message had come) wakes nobody either: the
+     * engine must look before anyone sleeps. */
+    bool finished = ctx->finished;
+    ctx->finished = false;
     /* An rdma_cm connection being made: its events do not wake anyone. */
-    return n > 0 || ctx->work != NULL || ctx->fatal != WEFT_OK || ctx->cm_setup > 0;
+    return n > 0 || finished || ctx->work != NULL || ctx->fatal != WEFT_OK || ctx->cm_setup > 0;
 }
 
 static void vb_sleep_end(void *vctx)

@@ -13,6 +13,15 @@
  * are the credits: at most VB_FIFO messages are described at once, and
  * every queue pair keeps enough receives posted for all of them, so no
  * write ever meets an empty receive queue.
+ *
+ * A send that fits inline and finds no descriptor yet goes eagerly: inline
+ * into the next of VB_FIFO small slots the receiver keeps for this peer
+ * (beside the FIFO), on queue pair 0, with no wait for a descriptor.  The
+ * receiver copies it out when its receive is posted (or at once if it
+ * is), and still describes that receive, so descriptors stay one per
+ * message; the sender drops those for messages already sent.  Each
+ * descriptor carries how many small messages the receiver has consumed:
+ * the credits for the slots.
  */
 #ifndef WEFT_TRANSPORT_VERBS_H
 #define WEFT_TRANSPORT_VERBS_H
@@ -37,11 +46,11 @@
 #define VB_CQ_DEPTH 4096
 #define VB_ERRMSG_LEN 384
 #define VB_ADDR_MAGIC 0x31425657u  /* "WVB1" */
-#define VB_INFO_MAGIC 0x31515657u  /* "WVQ1" */
+#define VB_INFO_MAGIC 0x32515657u  /* "WVQ2": descriptors carry eager credits */
 #define VB_FAILED_BYTE 0x46        /* "F" on the tcp watch: the sender failed the connection */
 
 /* Immediate data: kind in bits 31-30, stripes - 1 in 29-24, seq in 23-0. */
-enum { VB_IMM_DATA = 0, VB_IMM_FIFO = 1, VB_IMM_TOOLONG = 2 };
+enum { VB_IMM_DATA = 0, VB_IMM_FIFO = 1, VB_IMM_TOOLONG = 2, VB_IMM_EAGER = 3 };
 #define VB_IMM(kind, nstripes, seq)                                                     \
     ((uint32_t)(kind) << 30 | (uint32_t)((nstripes) - 1) << 24 | ((uint32_t)(seq) & 0xffffffu))
 #define VB_IMM_KIND(imm) ((imm) >> 30)
@@ -88,9 +97,22 @@ struct vb_desc {
     uint64_t len;
     uint32_t rkey;
     uint32_t seq;   /* the message's sequence number + 1 (0: never written) */
-    uint64_t pad;
+    uint32_t eager_done; /* small messages the writer has consumed so far */
+    uint32_t pad;
 };
 _Static_assert(sizeof(struct vb_desc) == 32, "a descriptor is 32 bytes");
+
+/* What one peer writes into, registered once per rank: descriptors for our
+ * sends, and slots for its small messages to us. */
+struct vb_peer_mem {
+    struct vb_desc desc[VB_FIFO];
+    uint8_t eager[VB_FIFO][VB_INLINE];
+};
+
+/* A small message that arrived before its receive was described. */
+struct vb_eager {
+    uint32_t seq, slot, len;
+};
 _Static_assert(sizeof(struct vb_addr) <= WEFT_TRANSPORT_ADDR_MAX, "vb_addr must fit");
 
 struct vb_ctx;
@@ -112,6 +134,7 @@ struct vb_req {
     uint32_t seq;               /* message number in its direction */
     uint32_t stripes, got;      /* recv: stripes announced, stripes landed */
     uint32_t wrs;               /* completions still due */
+    bool writing;               /* send: written, counted in its conn's `writing` */
     struct weft_rc_entry *mr;   /* cache entry holding buf, or NULL */
     struct weft_bounce *bounce; /* bounce buffer in use, or NULL */
 } __attribute__((aligned(64))); /* its address is a work request id */
@@ -155,19 +178,27 @@ struct vb_conn {
     int nup;                         /* queue pairs up */
     int nqps;
     struct vb_qp qps[VB_MAX_QPS];
-    struct vb_desc *fifo;            /* (VB_FIFO) ours, written by the peer */
-    uint64_t peer_fifo;
+    struct vb_peer_mem *mem;         /* ours, written by the peer */
+    uint64_t peer_fifo;              /* the peer's struct vb_peer_mem for us */
     uint32_t peer_fifo_rkey;
     /* sends */
     struct weft_req_queue sq;        /* posted, not yet written (struct vb_req) */
     uint32_t nsend;                  /* sends posted */
+    uint32_t nwritten;               /* sends written, eagerly or to a descriptor */
+    uint32_t writing;                /* written sends whose completion is still due */
     uint32_t sdesc;                  /* descriptors arrived */
     bool desc_seen[VB_FIFO];         /* slot holds an unread descriptor */
+    uint32_t eager_out;              /* small messages sent eagerly */
+    uint32_t eager_credit;           /* of those, consumed by the peer (its latest word) */
     /* receives */
     struct weft_req_queue rq;        /* posted, not yet described (struct vb_req) */
     uint32_t nrecv;                  /* receives posted */
     uint32_t rdesc;                  /* descriptors written */
     struct vb_req *rslot[VB_FIFO];   /* described receives, by seq % VB_FIFO */
+    uint32_t eager_in;               /* small messages arrived */
+    uint32_t eager_done;             /* small messages consumed (copied out) */
+    struct vb_eager pend[VB_FIFO];   /* arrived before their receive was described */
+    uint32_t pend_head, npend;
     struct vb_conn *next_work;       /* ctx work list: something to move */
     struct vb_conn *next_setup;      /* ctx setup list: exchange in flight */
     bool on_work, on_setup;
@@ -201,6 +232,7 @@ struct vb_ctx {
     struct ibv_port_attr pattr;
     int timeout, retry_cnt, tc, sl, max_inline;
     bool regcache_all;              /* WEFT_IB_REGCACHE: cache any user buffer */
+    bool finished;                  /* a request finished since the last sleep_begin */
     struct vb_conn **conns;         /* (nranks) */
     struct vb_conn *work;           /* conns with something to do */
     struct vb_conn *setup;          /* conns whose exchange is in flight */

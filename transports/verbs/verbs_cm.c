@@ -144,6 +144,12 @@ static bool cm_qp(struct vb_qp *q, struct rdma_cm_id *id)
         cm_fail(c, q->index, what, EXDEV);
         return false;
     }
+    /* Without this the kernel takes the ack timeout from the route (for
+     * RoCE a fixed packet lifetime) and WEFT_IB_TIMEOUT would not hold. */
+    uint8_t tmo = (uint8_t)ctx->timeout;
+    if (rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, sizeof(tmo)) != 0)
+        WEFT_INFO(WEFT_SUB_NET, "rank %d: rdma_cm: cannot set the ack timeout (%s); the route's "
+                  "holds", ctx->rank, strerror(errno));
     struct ibv_qp_init_attr ia;
     vb_qp_init_attr(ctx, q, &ia);
     if (rdma_create_qp(id, ctx->pd, &ia) != 0) {

@@ -112,7 +112,7 @@ void vb_qp_init_attr(struct vb_ctx *ctx, struct vb_qp *q, struct ibv_qp_init_att
         .qp_context = q,
         .send_cq = ctx->cq,
         .recv_cq = ctx->cq,
-        .cap = {.max_send_wr = VB_SQ_DEPTH, .max_recv_wr = 2 * VB_FIFO,
+        .cap = {.max_send_wr = VB_SQ_DEPTH, .max_recv_wr = 3 * VB_FIFO,
                 .max_send_sge = 1, .max_recv_sge = 1, .max_inline_data = VB_INLINE},
         .qp_type = IBV_QPT_RC,
     };
@@ -126,8 +126,8 @@ weft_status_t vb_qp_prepare(struct vb_conn *c, struct vb_qp *q)
     if (ibv_query_qp(q->qp, &a, IBV_QP_CAP, &ia) == 0 &&
         (int)ia.cap.max_inline_data < c->ctx->max_inline)
         c->ctx->max_inline = (int)ia.cap.max_inline_data;
-    /* Queue pair 0 also takes the peer's descriptors. */
-    return vb_post_recv(q, q->index == 0 ? 2 * VB_FIFO : VB_FIFO);
+    /* Queue pair 0 also takes the peer's descriptors and small messages. */
+    return vb_post_recv(q, q->index == 0 ? 3 * VB_FIFO : VB_FIFO);
 }
 
 weft_status_t vb_conn_start(struct vb_conn *c)
@@ -167,7 +167,7 @@ weft_status_t vb_conn_start(struct vb_conn *c)
     }
     c->mine.magic = htole32(VB_INFO_MAGIC);
     c->mine.nqps = htole32((uint32_t)c->nqps);
-    c->mine.fifo_addr = htole64((uintptr_t)c->fifo);
+    c->mine.fifo_addr = htole64((uintptr_t)c->mem);
     c->mine.fifo_rkey = htole32(ctx->fifo_mr->rkey);
     c->mine.mtu = htole32(ctx->me.mtu);
     c->mine.lid = htole32(ctx->me.lid);
@@ -268,7 +268,9 @@ static weft_status_t conn_join(struct vb_conn *c)
 
 static bool conn_pending(const struct vb_conn *c)
 {
-    if (c->sq.head || c->rq.head)
+    /* A write in flight counts: its completion may never come from a peer
+     * that is gone (an RNR retry is endless). */
+    if (c->sq.head || c->rq.head || c->writing > 0)
         return true;
     for (int i = 0; i < VB_FIFO; i++)
         if (c->rslot[i])
@@ -611,7 +613,7 @@ weft_status_t vb_init(const struct weft_transport_init *args, void **vctx, void 
     }
     ctx->conns = calloc((size_t)ctx->nranks, sizeof(*ctx->conns));
     ctx->oob_conn = calloc((size_t)ctx->nranks, sizeof(*ctx->oob_conn));
-    size_t fifo_bytes = (size_t)ctx->nranks * VB_FIFO * sizeof(struct vb_desc);
+    size_t fifo_bytes = (size_t)ctx->nranks * sizeof(struct vb_peer_mem);
     if (ctx->conns == NULL || ctx->oob_conn == NULL ||
         posix_memalign((void **)&ctx->fifo_mem, 4096, fifo_bytes) != 0) {
         st = weft_error(err, WEFT_ERR_NO_MEMORY, "verbs: out of memory for %d ranks", ctx->nranks);
@@ -686,7 +688,7 @@ weft_status_t vb_connect(void *vctx, int peer, const void *addr, size_t addrlen,
     c->ctx = ctx;
     c->peer = peer;
     c->oob = ctx->oob_conn[peer];
-    c->fifo = (struct vb_desc *)(ctx->fifo_mem + (size_t)peer * VB_FIFO * sizeof(struct vb_desc));
+    c->mem = (struct vb_peer_mem *)(ctx->fifo_mem + (size_t)peer * sizeof(struct vb_peer_mem));
     weft_status_t st = addr_check(ctx, peer, addr, addrlen, &c->addr);
     if (st == WEFT_OK)
         st = ctx->oob_ops->irecv(c->oob, &c->theirs, sizeof(c->theirs), &c->oob_rreq);
