@@ -274,20 +274,23 @@ static bool write_eager(struct vb_conn *c, struct vb_req *r)
         return false;
     uint32_t slot = c->eager_out % VB_FIFO;
     struct ibv_sge sge = {.addr = (uintptr_t)r->base.buf, .length = (uint32_t)len, .lkey = 0};
-    bool sig = q->unsignaled + 1 >= VB_SIGNAL_EVERY;
+    /* Complete on the acknowledgement, not at post: a rank whose sends are
+     * all done may leave, and must not leave bytes still unsent. */
     struct ibv_send_wr wr = {
-        .wr_id = (uintptr_t)q | WR_FIFO,
+        .wr_id = (uintptr_t)r | WR_SEND,
         .sg_list = &sge,
         .num_sge = len > 0 ? 1 : 0,
         .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
-        .send_flags = IBV_SEND_INLINE | (sig ? IBV_SEND_SIGNALED : 0),
+        .send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED,
         .imm_data = htobe32(VB_IMM(VB_IMM_EAGER, 1, r->seq)),
     };
     wr.wr.rdma.remote_addr =
         c->peer_fifo + offsetof(struct vb_peer_mem, eager) + (uint64_t)slot * VB_INLINE;
     wr.wr.rdma.rkey = c->peer_fifo_rkey;
-    int rc = sq_post(q, &wr, 1, sig);
+    r->wrs++;
+    int rc = sq_post(q, &wr, 1, true);
     if (rc != 0) {
+        r->wrs--;
         vb_conn_fail(c, WEFT_ERR_SYSTEM, "rank %d: %s port %d: cannot post a write to rank %d: %s",
                      ctx->rank, ctx->devname, ctx->port, c->peer, strerror(rc));
         return false;
@@ -296,7 +299,8 @@ static bool write_eager(struct vb_conn *c, struct vb_req *r)
     c->nwritten++;
     c->eager_out++;
     r->base.bytes = len;
-    req_finish(r, WEFT_OK);
+    r->writing = true;
+    c->writing++;
     return true;
 }
 
@@ -413,16 +417,8 @@ static bool write_one(struct vb_conn *c)
         }
         off += slen;
     }
-    /* An inline payload is in the work request already: the buffer is the
-     * caller's again, and waiting for the peer's acknowledgement would put
-     * a round trip in every small send.  A failed write still fails the
-     * connection, and with it the calls that follow. */
-    if (inl) {
-        req_finish(r, WEFT_OK);
-    } else {
-        r->writing = true;
-        c->writing++;
-    }
+    r->writing = true;
+    c->writing++;
     return true;
 }
 

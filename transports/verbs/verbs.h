@@ -21,7 +21,7 @@
  * is), and still describes that receive, so descriptors stay one per
  * message; the sender drops those for messages already sent.  Each
  * descriptor carries how many small messages the receiver has consumed:
- * the credits for the slots.
+ * the credits for the slots.  Sends complete on their acknowledgement.
  */
 #ifndef WEFT_TRANSPORT_VERBS_H
 #define WEFT_TRANSPORT_VERBS_H
