@@ -31,7 +31,7 @@ grep -h "^rxe: " "$out"/pair/guest0.log "$out"/wire/guest*.log || true
 awk -v lf="$out/perf/guest1.log" -v wlog="$out/perf/guest0.log" '
 BEGIN {
     while ((getline l < lf) > 0) {
-        if (l ~ /#bytes/) { hdr = l; getline l < lf; n++
+        if (l ~ /#bytes/) { getline l < lf; n++
             split(l, f); if (n <= 2) { lat[n] = f[5]; avg[n] = f[6] } else bw[n - 2] = f[4] }
     }
     while ((getline l < wlog) > 0)
