@@ -85,6 +85,19 @@ weft_status_t weft_comm_init_env(weft_comm_t *out)
         return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
                                 "weft_comm_init_env: %s=%d is out of range for %s=%d", rvar, rank,
                                 svar, nranks);
+    /* A batch script has the job's SLURM_PROCID=0 and SLURM_NTASKS too:
+     * taken at their word, one process waits out WEFT_TIMEOUT_MS for ranks
+     * nobody started.  Only tasks that srun started are in a step. */
+    const char *step = getenv("SLURM_STEP_ID");
+    if ((strncmp(rvar, "SLURM_", 6) == 0 || strncmp(svar, "SLURM_", 6) == 0) &&
+        (step == NULL || *step == '\0')) {
+        const char *job = getenv("SLURM_JOB_ID");
+        return weft_error_quiet(NULL, WEFT_ERR_INVALID_ARG,
+                                "weft_comm_init_env: %s=%d and %s=%d are Slurm job %s's, not a "
+                                "step's (no SLURM_STEP_ID): this is its batch script; start one "
+                                "process per rank with srun",
+                                rvar, rank, svar, nranks, job && *job ? job : "?");
+    }
 
     weft_log_set_rank(rank);
     weft_unique_id_t id;
