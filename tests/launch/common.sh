@@ -16,8 +16,8 @@ TRAIN_ARGS="--sample 0 --layers 2 --channels 32 --heads 4 --context 32 --batch 4
 CASE_TIMEOUT=${WEFT_LAUNCH_TIMEOUT:-60}  # seconds a launch may take
 # What a launcher starts from: none of the caller's WEFT_* settings, so a
 # rank's rank and size can only come from the launcher itself.
-CLEAN_ENV=(env -i "PATH=/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
-           "HOME=${HOME:-/root}" "TMPDIR=${TMPDIR:-/tmp}")
+PATH_CLEAN=/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin
+CLEAN_ENV=(env -i "PATH=$PATH_CLEAN" "HOME=${HOME:-/root}" "TMPDIR=${TMPDIR:-/tmp}")
 FAILED=0
 PASSED=0
 USED_PORTS=" "
@@ -70,6 +70,12 @@ case_check() {
     local kind=$1 n=$2 log=$3 rc=$4 r
     if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
         echo "timed out after ${CASE_TIMEOUT} s"
+        return 1
+    fi
+    # Every launch passes a secret: a launcher that lost it on the way runs
+    # the job unauthenticated, and weft says so.
+    if grep -q "without WEFT_SECRET" "$log"; then
+        echo "a rank ran without WEFT_SECRET"
         return 1
     fi
     case "$kind" in

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # run.sh - weft under real launchers, from the build in ./build: Open MPI's
 # mpirun and MPICH's mpiexec (mpirun.sh), a real Slurm on this machine
-# (slurm.sh, as root).  Each case prints one PASS/FAIL line with its time;
-# then one line per script.  Exit 0: all passed (a script may be skipped);
-# 77: every script was skipped (no launcher installed); 1: a case failed.
-# Used by CI; about 20 s here, well under 3 min on 2 cores.
+# (slurm.sh, as root), each also on two posed nodes.  Each case prints one
+# PASS/FAIL line with its time; then one line per script.  Exit 0: all
+# passed (a script may be skipped); 77: every script was skipped (no
+# launcher installed); 1: a case failed.
+# Used by CI; 30-35 s on this 2-core machine at load 16-24.
 #
 #   tests/launch/run.sh [LOGDIR]        (default build/launch)
 set -euo pipefail

@@ -13,9 +13,10 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
+# shellcheck source-path=SCRIPTDIR source=netns.sh
+. "$(dirname "$0")/netns.sh"
 LOGDIR=${1:-$BUILD/launch/slurm}
 UP_TIMEOUT=60   # seconds for the daemons to start and the nodes to go idle
-SUBNET=10.78.0  # the two-node cluster's own network, inside its namespaces
 
 missing=""
 for c in munged slurmctld slurmd srun sinfo sbatch scontrol scancel; do
@@ -33,7 +34,6 @@ mkdir -p "$LOGDIR"
 TOP=$(mktemp -d /tmp/weft-slurm.XXXXXX)
 chmod 755 "$TOP"  # munged wants every folder above its socket searchable
 DAEMONS=()        # pids, in start order
-NETNS=()
 T=""              # the current cluster's folder under $TOP
 
 # Processes that carry this run's SLURM_CONF: slurmstepd and the tasks
@@ -47,21 +47,6 @@ stray_pids() {
             2>/dev/null && echo "${d#/proc/}"
     done
     return 0
-}
-
-stop_pids() {
-    local p i
-    [ $# -gt 0 ] || return 0
-    kill -TERM "$@" 2>/dev/null || true
-    for i in $(seq 1 50); do
-        for p in "$@"; do
-            kill -0 "$p" 2>/dev/null && break
-            p=""
-        done
-        [ -n "$p" ] || return 0
-        sleep 0.2
-    done
-    kill -KILL "$@" 2>/dev/null || true
 }
 
 # Stops the current cluster: its jobs, its daemons in reverse order, any
@@ -79,10 +64,7 @@ cluster_down() {
     fi
     # shellcheck disable=SC2046  # a list of pids
     stop_pids $(stray_pids)
-    for i in "${NETNS[@]}"; do
-        ip netns del "$i" 2>/dev/null || true
-    done
-    NETNS=()
+    netns_down
     for i in "$T"/*.log "$T"/*.out; do
         [ ! -f "$i" ] || cp "$i" "$LOGDIR/${T##*/}-${i##*/}"
     done
@@ -277,73 +259,26 @@ fi
 cluster_down
 
 # --- two nodes ------------------------------------------------------------
-# Each node a network namespace (own address, the same slurmd port) and a
-# UTS namespace (own host name, so weft sees two hosts and goes over TCP
-# between them); slurmctld and srun sit in a third namespace that bridges
-# the two, and the host's own network is left untouched.  nsenter, not
-# `ip netns exec`: that remounts /sys without /sys/fs/cgroup, and slurmd
-# will not start without it.  Where namespaces cannot be made, two slurmd
-# of their own ports on this host (slurmd -N; Debian builds it with
+# Each node a network and UTS namespace of its own (netns.sh): its own
+# address, the same slurmd port, its own host name; slurmctld and srun
+# sit in the control namespace.  Where namespaces cannot be made, two
+# slurmd of their own ports on this host (slurmd -N; Debian builds it with
 # multiple-slurmd support): two nodes to Slurm, one host to weft.
-
-# Why this machine cannot make the namespaces, or nothing.
-two_nodes_why_not() {
-    local c probe="weft-slurm$$-probe"
-    for c in ip nsenter unshare hostname; do
-        command -v "$c" >/dev/null 2>&1 || { echo "no '$c' command"; return; }
-    done
-    if ! ip netns add "$probe" 2>/dev/null; then
-        echo "cannot create a network namespace"
-        return
-    fi
-    if ! ip -n "$probe" link add name probe0 type bridge 2>/dev/null; then
-        ip netns del "$probe" 2>/dev/null || true
-        echo "cannot create a bridge in a network namespace"
-        return
-    fi
-    ip netns del "$probe" 2>/dev/null || true
-    unshare --uts true 2>/dev/null || echo "cannot create a UTS namespace"
-}
-
-# ns NAME: creates the namespace (owned: cluster_down deletes it).
-ns() {
-    ip netns add "$1" || return 1
-    NETNS+=("$1")
-    ip -n "$1" link set lo up
-}
-
-# The control namespace $1 with bridge br0 at $SUBNET.1, and nodes
-# $2.. at $SUBNET.11, .12, ... cabled to it by veth pairs.
-net_up() {
-    local c=$1 i=0 n
-    shift
-    ns "$c" && ip -n "$c" link add br0 type bridge &&
-        ip -n "$c" addr add "$SUBNET.1/24" dev br0 && ip -n "$c" link set br0 up || return 1
-    for n in "$@"; do
-        ns "$n" && ip -n "$c" link add "p$i" type veth peer name eth0 netns "$n" &&
-            ip -n "$c" link set "p$i" master br0 && ip -n "$c" link set "p$i" up &&
-            ip -n "$n" addr add "$SUBNET.$((11 + i))/24" dev eth0 &&
-            ip -n "$n" link set eth0 up || return 1
-        i=$((i + 1))
-    done
-}
 
 # Two nodes weftn0, weftn1 in namespaces; sets CTL and ROOTHOST.
 two_up_netns() {
-    local ns="weft-slurm$$-"
-    CTL=(nsenter --net="/run/netns/${ns}c")
+    in_ctl
+    CTL=("${IN_CTL[@]}")
     ROOTHOST=$SUBNET.11
-    net_up "${ns}c" "${ns}n0" "${ns}n1" && munge_up &&
+    net_up weftn0 weftn1 && munge_up &&
         write_conf "$SUBNET.1" "weftn0=$SUBNET.11:2" "weftn1=$SUBNET.12:2" &&
-        start slurmctld "${CTL[@]}" slurmctld -D -i &&
-        ns_slurmd weftn0 "${ns}n0" && ns_slurmd weftn1 "${ns}n1"
+        start slurmctld "${CTL[@]}" slurmctld -D -i && node_slurmd weftn0 && node_slurmd weftn1
 }
 
-# ns_slurmd NODE NETNS: slurmd for NODE in NETNS under host name NODE.
-ns_slurmd() {
-    # shellcheck disable=SC2016  # expanded by that sh
-    start "slurmd-$1" nsenter --net="/run/netns/$2" unshare --uts \
-        sh -c 'hostname "$1" && exec slurmd -D -N "$1"' - "$1"
+# node_slurmd NODE: NODE's slurmd, in its namespaces.
+node_slurmd() {
+    on_node "$1"
+    start "slurmd-$1" "${ON_NODE[@]}" slurmd -D -N "$1"
 }
 
 # Two slurmd on this host's loopback, each on its own port.
@@ -361,7 +296,7 @@ two_up_ports() {
 T=$TOP/two
 mkdir "$T"
 export SLURM_CONF=$T/slurm.conf
-why=$(two_nodes_why_not)
+why=$(netns_why_not)
 [ "${WEFT_LAUNCH_TWO:-}" != ports ] || why="WEFT_LAUNCH_TWO=ports"
 if [ -z "$why" ]; then
     up=two_up_netns hosts=2 how="network namespaces"
