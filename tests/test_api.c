@@ -428,7 +428,8 @@ static void clear_launcher_env(void)
     static const char *const vars[] = {
         "WEFT_RANK", "WEFT_NRANKS", "WEFT_UNIQUE_ID", "WEFT_ROOT", "WEFT_SECRET",
         "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
-        "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "WEFT_ROOT_FD"};
+        "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_STEP_ID", "SLURM_JOB_ID",
+        "WEFT_ROOT_FD"};
     for (size_t i = 0; i < WEFT_ARRAY_SIZE(vars); i++)
         unsetenv(vars[i]);
 }
@@ -478,6 +479,9 @@ Test(api, comm_init_env, .timeout = 30)
     env_refused("WEFT_UNIQUE_ID", "WEFT_RANK=0", "WEFT_NRANKS=1", "WEFT_UNIQUE_ID=zz", NULL);
     env_refused("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_RANK=x", "OMPI_COMM_WORLD_SIZE=2",
                 NULL);
+    /* A batch script holds the job's SLURM_PROCID/NTASKS but is no step. */
+    env_refused("srun", "SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_JOB_ID=7",
+                "WEFT_ROOT=127.0.0.1:1", NULL);
     char hex[WEFT_UID_HEX_LEN];
     memset(hex, '0', sizeof(hex) - 1);
     hex[sizeof(hex) - 1] = '\0';
