@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -176,6 +177,12 @@ public:
 
     ~ProcessGroupWeft() override
     {
+        /* The completion thread may be dropping the last reference to a
+         * tensor that has a Python object, which takes the GIL: a caller
+         * holding it (Python's garbage collector) must let go to join. */
+        std::unique_ptr<py::gil_scoped_release> nogil;
+        if (Py_IsInitialized() && PyGILState_Check())
+            nogil = std::make_unique<py::gil_scoped_release>();
         {
             std::lock_guard<std::mutex> lock(mu_);
             stop_ = true;
