@@ -11,6 +11,12 @@ if ! [ -x $py ] || ! $py -c 'import torch.distributed as d; assert d.is_availabl
     echo "torch tests: skipped, $py has no torch.distributed (apt-get install python3-torch)"
     exit 77
 fi
+inc=$($py -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "include"))')
+if ! [ -f "$inc/torch/extension.h" ] || ! [ -f /usr/include/pybind11/pybind11.h ]; then
+    echo "torch tests: torch's C++ headers or pybind11 are missing:" \
+        "apt-get install libtorch-dev pybind11-dev python3-dev g++" >&2
+    exit 2
+fi
 make -s -C python WEFT_BUILD="$build"
 export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" OMP_NUM_THREADS=1
 # torchrun's own banner and the OMP_NUM_THREADS notice are noise here.
