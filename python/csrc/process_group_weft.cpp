@@ -429,6 +429,78 @@ public:
         });
     }
 
+    c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor> &tensors,
+                                                       const c10d::AllreduceCoalescedOptions &opts) override
+    {
+        if (tensors.empty())
+            fail(rank_, "allreduce_coalesced: no tensors");
+        std::vector<at::Tensor> parts;
+        for (auto &t : tensors) {
+            check_cpu(t, "allreduce_coalesced");
+            same_dtype(t, tensors[0], "allreduce_coalesced");
+            parts.push_back(t.reshape({-1}));
+        }
+        weft_op_t op = weft_op_of(rank_, opts.reduceOp, tensors[0].scalar_type());
+        auto w = make_work(OpType::ALLREDUCE_COALESCED, tensors);
+        at::Tensor flat = at::cat(parts); /* one call instead of one per tensor */
+        w->keep_.push_back(flat);
+        int64_t off = 0;
+        for (auto &t : tensors) {
+            w->copy_back_.emplace_back(t, flat.narrow(0, off, t.numel()).view(t.sizes()));
+            off += t.numel();
+        }
+        void *p = flat.data_ptr();
+        auto dc = reduced_as(rank_, flat);
+        return issue(w, "weft_iallreduce (coalesced)", [&](weft_request_t *req) {
+            return weft_iallreduce(p, p, dc.second, dc.first, op, comm_, req);
+        });
+    }
+
+    /* Rows of dim 0 go to rank i as split i (equal splits when none are
+     * given), as torch's all_to_all_single defines them. */
+    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor &out, at::Tensor &in,
+                                                 std::vector<int64_t> &outSplits,
+                                                 std::vector<int64_t> &inSplits,
+                                                 const c10d::AllToAllOptions &) override
+    {
+        check_cpu(in, "alltoall_base");
+        check_cpu(out, "alltoall_base");
+        same_dtype(in, out, "alltoall_base");
+        auto w = make_work(OpType::ALLTOALL_BASE, {out});
+        const char *s = static_cast<const char *>(input(*w, in));
+        char *r = static_cast<char *>(inout(*w, out));
+        Slices send = slices(in, inSplits, "input"), recv = slices(out, outSplits, "output");
+        std::vector<const void *> sp;
+        std::vector<void *> rp;
+        for (int i = 0; i < size_; i++) {
+            sp.push_back(s + send.offset[i]);
+            rp.push_back(r + recv.offset[i]);
+        }
+        return exchange(w, sp, send.bytes, rp, recv.bytes);
+    }
+
+    c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor> &outs, std::vector<at::Tensor> &ins,
+                                            const c10d::AllToAllOptions &) override
+    {
+        if ((int)outs.size() != size_ || (int)ins.size() != size_)
+            fail(rank_, "alltoall: expects " + std::to_string(size_) + " input and output tensors");
+        auto w = make_work(OpType::ALLTOALL, outs);
+        std::vector<const void *> sp;
+        std::vector<void *> rp;
+        std::vector<size_t> sb, rb;
+        for (int i = 0; i < size_; i++) {
+            check_cpu(ins[i], "alltoall");
+            check_cpu(outs[i], "alltoall");
+            same_dtype(ins[i], outs[0], "alltoall");
+            same_dtype(outs[i], outs[0], "alltoall");
+            sp.push_back(input(*w, ins[i]));
+            sb.push_back(ins[i].nbytes());
+            rp.push_back(inout(*w, outs[i]));
+            rb.push_back(outs[i].nbytes());
+        }
+        return exchange(w, sp, sb, rp, rb);
+    }
+
     c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &) override
     {
         auto w = make_work(OpType::BARRIER, {});
@@ -441,8 +513,10 @@ public:
     }
 
 private:
+    /* One Work's requests, all issued back to back; it completes when
+     * the last is done (weft retires them in issue order). */
     struct Pending {
-        weft_request_t req;
+        std::vector<weft_request_t> reqs;
         const char *fn;
         c10::intrusive_ptr<WeftWork> work;
     };
@@ -505,18 +579,111 @@ private:
         return c.data_ptr();
     }
 
+    /* Byte offset and length of each rank's split of t's dim 0. */
+    struct Slices {
+        std::vector<size_t> offset, bytes;
+    };
+
+    Slices slices(const at::Tensor &t, const std::vector<int64_t> &splits, const char *what)
+    {
+        int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+        size_t row_bytes = rows == 0 ? 0 : t.nbytes() / rows;
+        std::vector<int64_t> sp = splits;
+        if (sp.empty()) {
+            if (rows % size_ != 0)
+                fail(rank_, std::string("alltoall_base: ") + what + "'s " + std::to_string(rows) +
+                                " rows do not split evenly over " + std::to_string(size_) + " ranks");
+            sp.assign(size_, rows / size_);
+        }
+        if ((int)sp.size() != size_)
+            fail(rank_, std::string("alltoall_base: ") + std::to_string(sp.size()) + " " + what +
+                            " splits for " + std::to_string(size_) + " ranks");
+        Slices sl;
+        int64_t at_row = 0;
+        for (int64_t n : sp) {
+            if (n < 0)
+                fail(rank_, std::string("alltoall_base: a negative ") + what + " split");
+            sl.offset.push_back(at_row * row_bytes);
+            sl.bytes.push_back(n * row_bytes);
+            at_row += n;
+        }
+        if (at_row != rows)
+            fail(rank_, std::string("alltoall_base: ") + what + " splits add up to " +
+                            std::to_string(at_row) + " rows, not " + std::to_string(rows));
+        return sl;
+    }
+
+    /* Every rank's part to every rank, as bytes.  Round k receives from
+     * rank - k and sends to rank + k, so on every rank the matching sends
+     * and receives come at the same point of the issue order (weft keeps
+     * a bounded number of operations in flight).  Its own part is copied
+     * here.  A pair with nothing to move is skipped on both sides, since
+     * both see the same split. */
+    c10::intrusive_ptr<c10d::Work> exchange(const c10::intrusive_ptr<WeftWork> &w,
+                                            const std::vector<const void *> &sp,
+                                            const std::vector<size_t> &sb,
+                                            const std::vector<void *> &rp,
+                                            const std::vector<size_t> &rb)
+    {
+        if (sb[rank_] != rb[rank_])
+            fail(rank_, "alltoall: this rank sends itself " + std::to_string(sb[rank_]) +
+                            " bytes but expects " + std::to_string(rb[rank_]));
+        if (sb[rank_] > 0)
+            std::memcpy(rp[rank_], sp[rank_], sb[rank_]);
+        return issue_many(w, "weft_isend/weft_irecv (alltoall)", [&](std::vector<weft_request_t> &reqs) {
+            for (int k = 1; k < size_; k++) {
+                int from = (rank_ - k + size_) % size_, to = (rank_ + k) % size_;
+                weft_request_t req;
+                if (rb[from] > 0) {
+                    weft_status_t st = weft_irecv(rp[from], rb[from], WEFT_UINT8, from, comm_, &req);
+                    if (st != WEFT_OK)
+                        return st;
+                    reqs.push_back(req);
+                }
+                if (sb[to] > 0) {
+                    weft_status_t st = weft_isend(sp[to], sb[to], WEFT_UINT8, to, comm_, &req);
+                    if (st != WEFT_OK)
+                        return st;
+                    reqs.push_back(req);
+                }
+            }
+            return WEFT_OK;
+        });
+    }
+
     c10::intrusive_ptr<c10d::Work> issue(const c10::intrusive_ptr<WeftWork> &w, const char *fn,
                                          const std::function<weft_status_t(weft_request_t *)> &start)
     {
-        weft_request_t req = nullptr;
+        return issue_many(w, fn, [&](std::vector<weft_request_t> &reqs) {
+            weft_request_t req = nullptr;
+            weft_status_t st = start(&req);
+            if (st == WEFT_OK)
+                reqs.push_back(req);
+            return st;
+        });
+    }
+
+    /* start issues requests into its vector.  If it fails part way, the
+     * requests it did issue are still waited for (weft cannot take them
+     * back) by a Work nobody holds, and the call throws. */
+    c10::intrusive_ptr<c10d::Work> issue_many(
+        const c10::intrusive_ptr<WeftWork> &w, const char *fn,
+        const std::function<weft_status_t(std::vector<weft_request_t> &)> &start)
+    {
+        std::string err;
         {
             std::lock_guard<std::mutex> lock(mu_);
-            weft_status_t st = start(&req);
+            std::vector<weft_request_t> reqs;
+            weft_status_t st = start(reqs);
             if (st != WEFT_OK)
-                fail(rank_, std::string(fn) + " failed: " + status_text(st, weft_last_error(comm_)));
-            queue_.push_back(Pending{req, fn, w});
+                err = std::string(fn) + " failed: " + status_text(st, weft_last_error(comm_));
+            if (st == WEFT_OK || !reqs.empty()) /* none issued: done at once */
+                queue_.push_back(Pending{std::move(reqs), fn,
+                                         st == WEFT_OK ? w : make_work(OpType::UNKNOWN, {})});
         }
         cv_.notify_one();
+        if (!err.empty())
+            fail(rank_, err);
         return w;
     }
 
@@ -532,7 +699,12 @@ private:
                 p = queue_.front();
                 queue_.pop_front();
             }
-            weft_status_t st = weft_wait(p.req);
+            weft_status_t st = WEFT_OK;
+            for (weft_request_t req : p.reqs) {
+                weft_status_t one = weft_wait(req); /* each must be released */
+                if (st == WEFT_OK)
+                    st = one;
+            }
             std::exception_ptr e;
             if (st != WEFT_OK) {
                 try {

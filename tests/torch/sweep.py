@@ -6,6 +6,7 @@ in every dtype and each result has one right answer, computed here from
 the same formula.  Exits 1 on the first wrong element, naming the call.
 """
 import sys
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -160,6 +161,39 @@ def sweep_moves(c, r, n, dtype, count):
             c.eq(got, value(peer, count, dtype, "sum"), "send/recv pair " + what)
 
 
+def sweep_alltoall(c, r, n):
+    """all_to_all_single with even and uneven splits, the list all_to_all,
+    all_reduce_coalesced.  Element values say (from, to, index)."""
+    def part(src, dst, rows, width, dtype):
+        return (torch.arange(rows * width).reshape(rows, width) + 1000 * src + 100 * dst).to(dtype)
+
+    for dtype in (torch.float32, torch.int64, torch.bfloat16):
+        for rows in (0, 1, 3):
+            inp = torch.cat([part(r, k, rows, 2, dtype) for k in range(n)])
+            out = torch.empty(n * rows, 2, dtype=dtype)
+            dist.all_to_all_single(out, inp)
+            c.eq(out, torch.cat([part(k, r, rows, 2, dtype) for k in range(n)]),
+                 f"all_to_all_single even {dtype} x{rows}")
+        # Rank r sends (r + k) % 3 rows to rank k, so it gets (k + r) % 3 from k.
+        split = [(r + k) % 3 for k in range(n)]
+        inp = torch.cat([part(r, k, split[k], 3, dtype) for k in range(n)])
+        out = torch.empty(sum(split), 3, dtype=dtype)
+        dist.all_to_all_single(out, inp, output_split_sizes=split, input_split_sizes=split)
+        c.eq(out, torch.cat([part(k, r, split[k], 3, dtype) for k in range(n)]),
+             f"all_to_all_single uneven {dtype}")
+        outs = [torch.empty(split[k], 1, dtype=dtype) for k in range(n)]
+        dist.all_to_all(outs, [part(r, k, split[k], 1, dtype) for k in range(n)])
+        c.eq(torch.cat(outs), torch.cat([part(k, r, split[k], 1, dtype) for k in range(n)]),
+             f"all_to_all list {dtype}")
+
+    ts = [torch.full((3,), float(r)), torch.arange(4.0).reshape(2, 2) * (r + 1)]
+    with warnings.catch_warnings():  # torch 1.13 says it will be deprecated
+        warnings.simplefilter("ignore")
+        dist.all_reduce_coalesced(ts)
+    c.eq(ts[0], torch.full((3,), float(sum(range(n)))), "all_reduce_coalesced first")
+    c.eq(ts[1], torch.arange(4.0).reshape(2, 2) * sum(range(1, n + 1)), "all_reduce_coalesced second")
+
+
 def odd_tensors(c, r, n):
     """Layouts and dtypes off the main path: views, bytes-only dtypes."""
     base = torch.arange(48, dtype=torch.float32).reshape(6, 8) + r
@@ -212,6 +246,7 @@ def main():
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
         sweep_reductions(c, r, n, dtype, big)
         sweep_moves(c, r, n, dtype, big)
+    sweep_alltoall(c, r, n)
     odd_tensors(c, r, n)
     dist.barrier()
     dist.destroy_process_group()
