@@ -9,6 +9,8 @@ Starts its own ranks (through torch_weft.torchrun) unless RANK is set.
 float32 CPU tensors, sum.  SIZE is the whole buffer, as in nccl-tests: the
 tensor of allreduce and broadcast, the gathered output of all_gather, the
 input of reduce_scatter (each rank's slot is SIZE/n, at least 1 element).
+weft joins ranks of one host by shared memory, Gloo by TCP loopback:
+WEFT_TRANSPORT=tcp puts weft on TCP too, for a like-for-like row.
 Method (nccl-tests'): --warmup calls, a barrier, ITERS calls back to back,
 the slowest rank's mean per call.  Gloo runs the tensor form of a
 collective where this torch's Gloo has it, else the list form; torch 1.13's
