@@ -194,6 +194,23 @@ def sweep_alltoall(c, r, n):
     c.eq(ts[1], torch.arange(4.0).reshape(2, 2) * sum(range(1, n + 1)), "all_reduce_coalesced second")
 
 
+def subgroups(c, r, n):
+    """Two weft groups side by side: the odd ranks and the even ranks (a
+    group of one when n is 1 or 2); group ranks, not global ones, count."""
+    groups = [dist.new_group(list(range(par, n, 2)), backend="weft") for par in (0, 1) if par < n]
+    mine = groups[r % 2]
+    members = list(range(r % 2, n, 2))
+    t = torch.full((7,), float(r))
+    dist.all_reduce(t, group=mine)
+    c.eq(t, torch.full((7,), float(sum(members))), "all_reduce on the odd/even subgroup")
+    t = torch.full((3,), float(r))
+    dist.broadcast(t, members[-1], group=mine)  # src is a global rank
+    c.eq(t, torch.full((3,), float(members[-1])), "broadcast on the odd/even subgroup")
+    out = torch.empty(len(members))
+    dist.all_gather_into_tensor(out, torch.tensor([float(r)]), group=mine)
+    c.eq(out, torch.tensor(members, dtype=torch.float32), "all_gather on the odd/even subgroup")
+
+
 def odd_tensors(c, r, n):
     """Layouts and dtypes off the main path: views, bytes-only dtypes."""
     base = torch.arange(48, dtype=torch.float32).reshape(6, 8) + r
@@ -247,6 +264,7 @@ def main():
         sweep_reductions(c, r, n, dtype, big)
         sweep_moves(c, r, n, dtype, big)
     sweep_alltoall(c, r, n)
+    subgroups(c, r, n)
     odd_tensors(c, r, n)
     dist.barrier()
     dist.destroy_process_group()
