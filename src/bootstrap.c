@@ -443,14 +443,18 @@ static void pending_drop(struct gather *g, int i, const char *why)
 }
 
 /* The slot to free for a newcomer: the oldest connection without a HELLO,
- * else the oldest still in its handshake; -1 when all proved the secret. */
+ * else the oldest whose answered HELLO is over HELLO_MS old (a rank
+ * answers within a round trip; ranks arriving by the thousand must not
+ * push each other out); -1 when none may go. */
 static int pending_victim(const struct gather *g)
 {
+    uint64_t old = weft_now_ns() - (uint64_t)HELLO_MS * 1000000;
     int v = -1;
     for (int i = 0; i < g->n; i++) {
         const struct pending *p = &g->pend[i], *q = v >= 0 ? &g->pend[v] : NULL;
-        if (!p->authed && (q == NULL || (q->hello && !p->hello) ||
-                           (q->hello == p->hello && p->since < q->since)))
+        if (p->authed || (p->hello && p->since > old))
+            continue;
+        if (q == NULL || (q->hello && !p->hello) || (q->hello == p->hello && p->since < q->since))
             v = i;
     }
     return v;
@@ -538,7 +542,7 @@ static weft_status_t accept_some(struct gather *g, int lfd, bool *stuck)
         if (g->n == MAX_PENDING) {
             int v = pending_victim(g);
             if (v < 0) {
-                *stuck = true; /* every slot holds a rank: their records come first */
+                *stuck = true; /* every slot holds a rank, likely: their turn first */
                 return WEFT_OK;
             }
             pending_drop(g, v, "too many connections in their handshake (oldest goes)");
@@ -612,6 +616,7 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
     struct gather g = {.bs = bs, .uid = uid, .info_len = info_len, .all = all, .joined = 1};
     weft_status_t st = WEFT_OK;
     uint64_t rest_until = 0; /* ns: the listener is not polled before */
+    uint64_t t0 = weft_now_ns();
     memcpy(all, info, info_len);
     g.pend = malloc(MAX_PENDING * sizeof(*g.pend));
     g.pfd = malloc((MAX_PENDING + 1) * sizeof(*g.pfd));
@@ -662,8 +667,12 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
         }
     }
     /* Everyone is here: hand out the table. */
+    uint64_t t_all = weft_now_ns();
     for (int r = 1; r < bs->nranks && st == WEFT_OK; r++)
         st = msg_send(bs, bs->fds[r], r, all, (size_t)bs->nranks * info_len, deadline);
+    WEFT_INFO(WEFT_SUB_BOOT, "bootstrap: %d ranks joined in %.1f ms, table of %zu bytes sent to "
+              "each in %.1f ms; %lu connections dropped", bs->nranks, (double)(t_all - t0) / 1e6,
+              (size_t)bs->nranks * info_len, (double)(weft_now_ns() - t_all) / 1e6, g.dropped);
 out:
     while (g.n > 0)
         pending_drop(&g, 0, "the bootstrap is over");
