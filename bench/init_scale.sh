@@ -11,19 +11,21 @@
 #   table_s  rank 0: sending the table (nranks * record bytes) to each rank
 #   cpu_s    user + sys seconds of all ranks together
 #   MiB      peak of the ranks' summed RSS (shared pages count per rank)
-# Usage: bench/init_scale.sh [-n "64 128 256"] [-r RUNS] [-t "tcp shm"]
+# Usage: bench/init_scale.sh [-n "64 128 256"] [-r RUNS] [-t "tcp shm"] [-e K=V]...
+#   -e K=V  extra environment for the ranks (e.g. -e WEFT_STAGING_SLOTS=1)
 # Needs build/ (tools/build.sh).  Raises ulimit -n if it must; skips a shm
 # size whose rings (every rank maps 8 x 256 KiB per peer, touched at init:
 # n^2 * 2 MiB) would not fit in half the available memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-sizes="64 128 256" runs=3 transports="tcp shm"
-while getopts "n:r:t:" o; do
+sizes="64 128 256" runs=3 transports="tcp shm" extra=()
+while getopts "n:r:t:e:" o; do
     case $o in
     n) sizes=$OPTARG ;;
     r) runs=$OPTARG ;;
     t) transports=$OPTARG ;;
-    *) echo "usage: $0 [-n SIZES] [-r RUNS] [-t TRANSPORTS]" >&2; exit 2 ;;
+    e) extra+=(-x "$OPTARG") ;;
+    *) echo "usage: $0 [-n SIZES] [-r RUNS] [-t TRANSPORTS] [-e K=V]..." >&2; exit 2 ;;
     esac
 done
 [ -x build/weftrun ] && [ -f build/.libs/libweft.so ] || {
@@ -75,7 +77,7 @@ if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt "$need" ]; then
         echo "ulimit -n is $(ulimit -n); $need needed for $max ranks" >&2; exit 1; }
 fi
 avail_mib=$(awk '/MemAvailable/ {print int($2 / 1024)}' /proc/meminfo)
-echo "# $(nproc) cores, $avail_mib MiB available, ulimit -n $(ulimit -n), load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# $(nproc) cores, $avail_mib MiB available, ulimit -n $(ulimit -n), load $(cut -d' ' -f1-3 /proc/loadavg)${extra[*]+, ${extra[*]}}"
 printf "%-5s %5s %3s %8s %8s %8s %8s %8s %8s %7s\n" tp ranks run spawn_s job_s root_s \
     join_s table_s cpu_s MiB
 for t in $transports; do
@@ -94,7 +96,8 @@ for t in $transports; do
             mon=$!
             if ! /usr/bin/time -f "CPU %U %S" -o "$tmp/cpu" build/weftrun -n "$n" --no-prefix \
                 --timeout 600 -x WEFT_TRANSPORT="$t" -x WEFT_TIMEOUT_MS=600000 \
-                -x WEFT_DEBUG=INFO -x WEFT_DEBUG_SUBSYS=BOOT "$tmp/drv" >"$out" 2>&1; then
+                -x WEFT_DEBUG=INFO -x WEFT_DEBUG_SUBSYS=BOOT ${extra[@]+"${extra[@]}"} "$tmp/drv" \
+                >"$out" 2>&1; then
                 kill "$mon" 2>/dev/null || true
                 echo "$t $n ranks, run $r failed:" >&2; tail -5 "$out" >&2; exit 1
             fi

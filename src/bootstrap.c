@@ -702,7 +702,8 @@ out:
 /* ---- other ranks ----------------------------------------------------------- */
 
 /* One connect to the root given window_ms: 0 connected (*fd), 1 refused
- * (nobody listens yet), 2 no answer, else errno. */
+ * or unreachable (nobody listens yet), 2 no answer in the window, else
+ * errno. */
 static int root_try(const union weft_sockaddr *root, int window_ms, int *fd)
 {
     int s = socket(root->sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -715,7 +716,7 @@ static int root_try(const union weft_sockaddr *root, int window_ms, int *fd)
         if (errno != EINPROGRESS && errno != EINTR)
             err = errno;
         else if (poll(&p, 1, window_ms) <= 0)
-            err = ETIMEDOUT;
+            err = -1;
         else if (getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
             err = errno;
     }
@@ -725,7 +726,9 @@ static int root_try(const union weft_sockaddr *root, int window_ms, int *fd)
         return 0;
     }
     close(s);
-    return err == ECONNREFUSED ? 1 : err == ETIMEDOUT || err == EHOSTUNREACH ? 2 : err;
+    if (err == -1)
+        return 2;
+    return err == ECONNREFUSED || err == ETIMEDOUT || err == EHOSTUNREACH ? 1 : err;
 }
 
 /* Connects to the root.  A root's full listen queue drops our SYN without
@@ -737,9 +740,9 @@ static weft_status_t root_connect(struct weft_comm *comm, const union weft_socka
                                   uint64_t deadline, int *fd)
 {
     char name[96];
-    int nap_ms = 1;
+    int nap_ms = 1, unanswered = 0;
     for (int tries = 0;; tries++) {
-        int left = weft_ms_left(deadline), window = 20 << WEFT_MIN(tries, 6);
+        int left = weft_ms_left(deadline), window = 20 << WEFT_MIN(unanswered, 6);
         int rc = root_try(root, left < 0 ? window : WEFT_MIN(left, window), fd);
         if (rc == 0) {
             if (tries > 0)
@@ -755,9 +758,11 @@ static weft_status_t root_connect(struct weft_comm *comm, const union weft_socka
             return weft_error(weft_comm_err(comm), WEFT_ERR_TIMEOUT,
                               "connect to root %s: deadline passed (%s)",
                               weft_sock_str(root, name, sizeof(name)),
-                              rc == 1 ? "refused: nobody listens" : "no answer");
+                              rc == 1 ? "refused or unreachable" : "no answer");
+        unanswered += rc == 2;
         if (rc == 1) {
-            /* Rank 0 may not listen yet: wait a little, more each time. */
+            /* Rank 0 may not listen (or be reachable) yet: wait a little,
+             * more each time. */
             struct timespec nap = {0, (long)(left < 0 ? nap_ms : WEFT_MIN(nap_ms, left)) * 1000000};
             nanosleep(&nap, NULL);
             nap_ms = WEFT_MIN(nap_ms * 2, 100);
