@@ -3,10 +3,10 @@
  * (then shrink) while threads of this process hammer the root's listener
  * for the whole rendezvous: connect storms, silent holders, slowloris,
  * garbage and handshakes with a wrong secret.  The job must finish with
- * exact results, its median within 0.5 s of the same without the flood.
- * The same flood aimed at a decoy listener is timed too: what the load
- * alone costs, to read the figures by.  WEFT_TEST_FLOOD=storm,loris,...
- * runs only those flooders.
+ * exact results, its median within 0.5 s of the same without the flood
+ * or, on a machine the flood loads, of the same flood aimed at a decoy
+ * listener (the load alone).  WEFT_TEST_FLOOD=storm,loris,... runs only
+ * those flooders.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -29,7 +29,7 @@
 #define RANKS 8
 #define HOLD 128        /* silent connections a holder keeps open */
 #define LORIS 32        /* slowloris connections */
-#define STORM_BURST 100 /* connects per storm burst (then 2 ms rest) */
+#define STORM_BURST 100 /* connects per storm burst, then 5 ms rest: ~20k a second */
 #define FLOOD_MAX_S 10  /* the flood stops then even if the rendezvous is not over */
 #define ROUNDS 3        /* of each mode; medians are compared */
 
@@ -93,7 +93,7 @@ static void *storm(void *arg)
                 close(fd);
             }
         }
-        sleep_ms(2);
+        sleep_ms(5);
     }
     return NULL;
 }
@@ -400,11 +400,11 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Prints the medians of secs[mode][ROUNDS] and checks the root flood's
- * against no flood.  A listener that leaves a rank to TCP's SYN retry
- * (1 s), or to the flood's end, costs a second or more; the bound is half
- * that, for a loaded 2-core CI.  The decoy flood is there to read the
- * figures by: what the load alone costs. */
+/* Prints the medians of secs[mode][ROUNDS] and checks the root flood's.
+ * A listener that leaves a rank to TCP's SYN retry (1 s), or to the
+ * flood's end, costs a second or more on top of what the flood's load
+ * costs; the bound is half a second over the slower of no flood and the
+ * decoy flood (the load alone), so that a loaded 2-core CI passes. */
 static void judge(const char *what, double secs[NMODES][ROUNDS], double root[NMODES][ROUNDS],
                   long connects)
 {
@@ -421,8 +421,9 @@ static void judge(const char *what, double secs[NMODES][ROUNDS], double root[NMO
             "flood, %+.0f ms over the decoy; %ld stranger connections\n",
             what, RANKS, ROUNDS, med[QUIET], rmed[QUIET], med[DECOY], rmed[DECOY], med[ROOT],
             rmed[ROOT], (med[ROOT] - med[QUIET]) * 1e3, (med[ROOT] - med[DECOY]) * 1e3, connects);
-    cr_expect_lt(med[ROOT], med[QUIET] + 0.5, "%s took %.3f s under the flood, %.3f s without",
-                 what, med[ROOT], med[QUIET]);
+    cr_expect_lt(med[ROOT], WEFT_MAX(med[QUIET], med[DECOY]) + 0.5,
+                 "%s took %.3f s flooding the root, %.3f s without a flood, %.3f s flooding a "
+                 "decoy", what, med[ROOT], med[QUIET], med[DECOY]);
     cr_expect_gt(connects, 1000 * ROUNDS, "%s: the flood made only %ld connections", what,
                  connects);
 }
