@@ -20,8 +20,7 @@
 
 #define UID_MAGIC 0x44494657u /* "WFID" little endian */
 #define UID_VERSION 1
-#define MAX_PENDING 64             /* connections held at once before their record is in */
-#define HANDSHAKE_MS 10000         /* bound on one connection's handshake */
+#define ROOT_BACKLOG 4096          /* root's listen queue; the kernel caps it at somaxconn */
 #define BS_MAGIC 0x53425746u       /* "WFBS": header of every bootstrap message */
 #define BS_ERROR 0x52454657u       /* "WFER": the root failed; the text follows */
 
@@ -186,6 +185,15 @@ weft_status_t weft_uid_from_hex(const char *hex, weft_unique_id_t *id)
     return WEFT_OK;
 }
 
+/* A listener bound elsewhere (weft_sock_listen, a launcher) gets the deep
+ * queue too: a full queue drops a rank's SYN, and TCP retries it after 1 s. */
+static void widen_backlog(int fd)
+{
+    if (listen(fd, ROOT_BACKLOG) != 0)
+        WEFT_TRACE(WEFT_SUB_BOOT, "listen backlog %d on fd %d: %s", ROOT_BACKLOG, fd,
+                   strerror(errno));
+}
+
 /* Listeners opened by weft_get_unique_id, until rank 0 takes them. */
 static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct { uint64_t job; int fd; } held[16];
@@ -237,6 +245,7 @@ weft_status_t weft_get_unique_id(weft_unique_id_t *id)
     WEFT_CHECK(weft_sock_pick_iface(NULL, &addr, ifname, sizeof(ifname)));
     int fd;
     WEFT_CHECK(weft_sock_listen(&addr, &fd));
+    widen_backlog(fd);
     weft_status_t st = weft_uid_make(id, &addr, NULL);
     struct weft_uid uid;
     if (st == WEFT_OK)
@@ -380,19 +389,190 @@ static weft_status_t msg_recv(const struct weft_bootstrap *bs, int fd, int peer,
 
 /* ---- root ------------------------------------------------------------------ */
 
+/*
+ * A flood of strangers at the root must not keep a rank out.  Every queued
+ * connection is accepted and judged at once; an unauthenticated one holds
+ * one slot of ~200 bytes (its record buffer comes after the proof) and a
+ * short deadline; when the slots run out the oldest stranger goes first.
+ */
+#define MAX_PENDING 256    /* connections before their record: well under 1024 fds */
+#define HELLO_MS 1000      /* from accept to a HELLO of this job */
+#define HANDSHAKE_MS 10000 /* from that HELLO to the whole record */
+#define ACCEPT_BATCH 256   /* accepts per turn: handshakes in flight are served between */
+#define DROP_LOG 8         /* drops logged one by one; the rest are counted */
+
 /* Root side of one incoming connection: handshake, then the info record. */
 struct pending {
     struct weft_auth_acceptor acc;
-    bool authed;
+    uint64_t since;   /* ns: accepted, or its HELLO answered; the older goes first */
+    bool hello;       /* sent a HELLO of this job: a rank, or someone who knows the job */
+    bool authed;      /* proved the secret: never dropped to make room */
+    bool ready;       /* poll saw it this turn, or its deadline passed */
     size_t have;      /* bytes of hdr+info read after the handshake */
-    uint8_t *buf;     /* (WEFT_BS_HDR_LEN + info_len) */
+    uint8_t *buf;     /* (WEFT_BS_HDR_LEN + info_len), from the proof on */
 };
 
-static void pending_drop(struct pending *p, int *npend, int i)
+/* Owner: root_gather.  pend[0, n) in no order; pfd[i + 1] polls pend[i]. */
+struct gather {
+    struct weft_bootstrap *bs;
+    const struct weft_uid *uid;
+    size_t info_len;
+    void *all;              /* (nranks * info_len) */
+    struct pending *pend;   /* (MAX_PENDING) */
+    struct pollfd *pfd;     /* (MAX_PENDING + 1): the listener first */
+    int n, joined;
+    unsigned long dropped;  /* connections dropped, for the summary */
+};
+
+/* Closes pend[i]; with a reset once its HELLO was answered, so that a
+ * rank dropped then fails its next send and retries, instead of finding
+ * EOF where the table should be. */
+static void pending_drop(struct gather *g, int i, const char *why)
 {
-    close(p[i].acc.fd);
-    free(p[i].buf);
-    p[i] = p[--*npend];
+    struct pending *p = &g->pend[i];
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    if (g->dropped++ < DROP_LOG)
+        WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: dropped a connection: %s", why);
+    else
+        WEFT_TRACE(WEFT_SUB_BOOT, "bootstrap: dropped a connection: %s", why);
+    if (p->hello) /* before it, the peer has no challenge to answer */
+        setsockopt(p->acc.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    close(p->acc.fd);
+    free(p->buf);
+    *p = g->pend[--g->n];
+}
+
+/* The slot to free for a newcomer: the oldest connection without a HELLO,
+ * else the oldest whose answered HELLO is over HELLO_MS old (a rank
+ * answers within a round trip; ranks arriving by the thousand must not
+ * push each other out); -1 when none may go. */
+static int pending_victim(const struct gather *g)
+{
+    uint64_t old = weft_now_ns() - (uint64_t)HELLO_MS * 1000000;
+    int v = -1;
+    for (int i = 0; i < g->n; i++) {
+        const struct pending *p = &g->pend[i], *q = v >= 0 ? &g->pend[v] : NULL;
+        if (p->authed || (p->hello && p->since > old))
+            continue;
+        if (q == NULL || (q->hello && !p->hello) || (q->hello == p->hello && p->since < q->since))
+            v = i;
+    }
+    return v;
+}
+
+/* Moves pend[i] on: the handshake, then the record.  *kept is false when
+ * pend[i] left the table (dropped, or joined as its rank). */
+static weft_status_t pending_step(struct gather *g, int i, bool *kept)
+{
+    struct pending *p = &g->pend[i];
+    struct weft_bootstrap *bs = g->bs;
+    struct weft_comm *comm = bs->comm;
+    size_t want = WEFT_BS_HDR_LEN + g->info_len;
+    char bad[160];
+    *kept = false;
+    if (!p->authed) {
+        const char *why = NULL;
+        weft_status_t a = weft_auth_accept_step(&p->acc, g->uid->secret, g->uid->job, &why);
+        if (a == WEFT_INPROGRESS) {
+            /* The acceptor decodes the HELLO before it answers, and only
+             * one of this job gets an answer: a kind there means one came. */
+            if (!p->hello && p->acc.hello.kind != 0) {
+                p->hello = true;
+                p->since = weft_now_ns();
+                p->acc.deadline_ns = p->since + (uint64_t)HANDSHAKE_MS * 1000000;
+            }
+            *kept = true;
+            return WEFT_OK;
+        }
+        weft_status_t chk = a == WEFT_OK
+                                ? weft_bs_check_hello(&p->acc.hello, bs->nranks, bad, sizeof(bad))
+                                : WEFT_ERR_REMOTE;
+        if (chk == WEFT_ERR_REMOTE) {
+            pending_drop(g, i, a == WEFT_OK ? bad : why ? why : "handshake failed");
+            return WEFT_OK;
+        }
+        if (chk != WEFT_OK)
+            return weft_error(weft_comm_err(comm), chk, "bootstrap: %s", bad);
+        p->buf = malloc(want);
+        if (p->buf == NULL)
+            return weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
+        p->authed = true;
+        p->have = 0;
+        weft_sock_tune(p->acc.fd, 0);
+        p->acc.deadline_ns = weft_now_ns() + (uint64_t)HANDSHAKE_MS * 1000000;
+    }
+    ssize_t n = recv(p->acc.fd, p->buf + p->have, want - p->have, MSG_DONTWAIT);
+    if (n > 0)
+        p->have += (size_t)n;
+    bool stale = weft_now_ns() > p->acc.deadline_ns;
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR) || stale) {
+        snprintf(bad, sizeof(bad), "rank %u %s before sending its info", p->acc.hello.rank,
+                 stale ? "timed out" : "disconnected");
+        pending_drop(g, i, bad);
+        return WEFT_OK;
+    }
+    if (p->have < want) {
+        *kept = true;
+        return WEFT_OK;
+    }
+    uint32_t r = p->acc.hello.rank;
+    weft_status_t chk = weft_bs_check_info(p->buf, g->info_len, r, bs->nranks, bs->fds, bad,
+                                           sizeof(bad));
+    if (chk == WEFT_ERR_REMOTE) {
+        pending_drop(g, i, bad);
+        return WEFT_OK;
+    }
+    if (chk != WEFT_OK)
+        return weft_error(weft_comm_err(comm), chk, "bootstrap: %s", bad);
+    memcpy((char *)g->all + (size_t)r * g->info_len, p->buf + WEFT_BS_HDR_LEN, g->info_len);
+    bs->fds[r] = p->acc.fd;
+    free(p->buf);
+    *p = g->pend[--g->n];
+    g->joined++;
+    return WEFT_OK;
+}
+
+/* Accepts up to ACCEPT_BATCH queued connections and reads what each
+ * brought.  *stuck: no slot or no fd could be freed, so the listener
+ * should rest a moment instead of waking every poll. */
+static weft_status_t accept_some(struct gather *g, int lfd, bool *stuck)
+{
+    *stuck = false;
+    for (int k = 0; k < ACCEPT_BATCH; k++) {
+        if (g->n == MAX_PENDING) {
+            int v = pending_victim(g);
+            if (v < 0) {
+                *stuck = true; /* every slot holds a rank, likely: their turn first */
+                return WEFT_OK;
+            }
+            pending_drop(g, v, "too many connections in their handshake (oldest goes)");
+        }
+        /* Not weft_sock_accept: its tuning costs four calls per stranger;
+         * a rank's socket is tuned once it proved the secret. */
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return WEFT_OK; /* the queue is empty */
+            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
+                continue;
+            /* Out of descriptors or buffers: a stranger gives its own back. */
+            int v = pending_victim(g);
+            if (v < 0) {
+                *stuck = true;
+                return WEFT_OK;
+            }
+            pending_drop(g, v, "out of descriptors to accept with (oldest goes)");
+            continue;
+        }
+        struct pending *p = &g->pend[g->n++];
+        memset(p, 0, sizeof(*p));
+        p->since = weft_now_ns();
+        weft_auth_accept_begin(&p->acc, fd, p->since + (uint64_t)HELLO_MS * 1000000);
+        /* A rank's HELLO is usually here already: answer it now. */
+        bool kept;
+        WEFT_CHECK(pending_step(g, g->n - 1, &kept));
+    }
+    return WEFT_OK;
 }
 
 static int root_listener(const struct weft_uid *uid, union weft_sockaddr *addr, int *lfd)
@@ -410,6 +590,7 @@ static int root_listener(const struct weft_uid *uid, union weft_sockaddr *addr, 
                                            : bound.in6.sin6_port == uid->root.in6.sin6_port)) {
             *lfd = (int)fd;
             *addr = bound;
+            widen_backlog(*lfd);
             return WEFT_OK;
         }
         WEFT_INFO(WEFT_SUB_BOOT, "%s=%s is not the id's listener; binding the address instead",
@@ -419,22 +600,31 @@ static int root_listener(const struct weft_uid *uid, union weft_sockaddr *addr, 
     if (held >= 0) {
         *lfd = held;
         *addr = uid->root;
+        widen_backlog(*lfd);
         return WEFT_OK;
     }
     *addr = uid->root;
-    return weft_sock_listen(addr, lfd);
+    WEFT_CHECK(weft_sock_listen(addr, lfd));
+    widen_backlog(*lfd);
+    return WEFT_OK;
 }
 
 static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_uid *uid, int lfd,
                                  const void *info, size_t info_len, void *all, uint64_t deadline)
 {
     struct weft_comm *comm = bs->comm;
-    struct pending pend[MAX_PENDING];
-    struct pollfd pfd[MAX_PENDING + 1];
-    int npend = 0, joined = 1;
+    struct gather g = {.bs = bs, .uid = uid, .info_len = info_len, .all = all, .joined = 1};
     weft_status_t st = WEFT_OK;
+    uint64_t rest_until = 0; /* ns: the listener is not polled before */
+    uint64_t t0 = weft_now_ns();
     memcpy(all, info, info_len);
-    while (joined < bs->nranks) {
+    g.pend = malloc(MAX_PENDING * sizeof(*g.pend));
+    g.pfd = malloc((MAX_PENDING + 1) * sizeof(*g.pfd));
+    if (g.pend == NULL || g.pfd == NULL) {
+        st = weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
+        goto out;
+    }
+    while (g.joined < bs->nranks) {
         int left = weft_ms_left(deadline);
         if (left == 0) {
             char missing[256];
@@ -444,120 +634,53 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
                     o += (size_t)snprintf(missing + o, sizeof(missing) - o, "%s%d", o ? ", " : "", r);
             st = weft_error(weft_comm_err(comm), WEFT_ERR_TIMEOUT,
                             "bootstrap: %d of %d ranks joined before the deadline; missing rank%s %s",
-                            joined, bs->nranks, joined + 1 < bs->nranks ? "s" : "", missing);
+                            g.joined, bs->nranks, g.joined + 1 < bs->nranks ? "s" : "", missing);
             goto out;
         }
-        pfd[0] = (struct pollfd){.fd = lfd, .events = POLLIN};
-        for (int i = 0; i < npend; i++)
-            pfd[i + 1] = (struct pollfd){
-                .fd = pend[i].acc.fd,
-                .events = pend[i].authed ? POLLIN : weft_auth_accept_events(&pend[i].acc)};
-        int wait = left < 0 || left > 200 ? 200 : left;
-        if (poll(pfd, (nfds_t)npend + 1, wait) < 0 && errno != EINTR) {
+        g.pfd[0] = (struct pollfd){.fd = weft_now_ns() < rest_until ? -1 : lfd, .events = POLLIN};
+        for (int i = 0; i < g.n; i++)
+            g.pfd[i + 1] = (struct pollfd){
+                .fd = g.pend[i].acc.fd,
+                .events = g.pend[i].authed ? POLLIN : weft_auth_accept_events(&g.pend[i].acc)};
+        /* Short enough that a resting listener and the deadlines of
+         * silent connections are looked at again soon. */
+        int wait = left < 0 || left > 50 ? 50 : left;
+        if (poll(g.pfd, (nfds_t)g.n + 1, wait) < 0 && errno != EINTR) {
             st = weft_error(weft_comm_err(comm), WEFT_ERR_SYSTEM, "bootstrap: poll: %s", strerror(errno));
             goto out;
         }
-        /* Advance every pending connection (also catches their deadlines). */
-        for (int i = 0; i < npend;) {
-            struct pending *p = &pend[i];
-            const char *why = NULL;
-            char bad[160];
-            weft_status_t chk;
-            if (!p->authed) {
-                weft_status_t a = weft_auth_accept_step(&p->acc, uid->secret, uid->job, &why);
-                if (a == WEFT_INPROGRESS) {
-                    i++;
-                    continue;
-                }
-                chk = a == WEFT_OK
-                          ? weft_bs_check_hello(&p->acc.hello, bs->nranks, bad, sizeof(bad))
-                          : WEFT_ERR_REMOTE;
-                if (chk == WEFT_ERR_REMOTE) {
-                    WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: dropped a connection: %s",
-                              a == WEFT_OK ? bad : why ? why : "handshake failed");
-                    pending_drop(pend, &npend, i);
-                    continue;
-                }
-                if (chk != WEFT_OK) {
-                    st = weft_error(weft_comm_err(comm), chk, "bootstrap: %s", bad);
-                    goto out;
-                }
-                p->authed = true;
-                p->have = 0;
-                p->acc.deadline_ns = weft_now_ns() + (uint64_t)HANDSHAKE_MS * 1000000;
-            }
-            ssize_t n = recv(p->acc.fd, p->buf + p->have, WEFT_BS_HDR_LEN + info_len - p->have,
-                             MSG_DONTWAIT);
-            if (n > 0)
-                p->have += (size_t)n;
-            bool stale = weft_now_ns() > p->acc.deadline_ns;
-            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR) || stale) {
-                WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: rank %u %s before sending its info",
-                          p->acc.hello.rank, stale ? "timed out" : "disconnected");
-                pending_drop(pend, &npend, i);
-                continue;
-            }
-            if (p->have < WEFT_BS_HDR_LEN + info_len) {
-                i++;
-                continue;
-            }
-            uint32_t r = p->acc.hello.rank;
-            chk = weft_bs_check_info(p->buf, info_len, r, bs->nranks, bs->fds, bad, sizeof(bad));
-            if (chk == WEFT_ERR_REMOTE) {
-                WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: %s", bad);
-                pending_drop(pend, &npend, i);
-                continue;
-            }
-            if (chk != WEFT_OK) {
-                st = weft_error(weft_comm_err(comm), chk, "bootstrap: %s", bad);
-                goto out;
-            }
-            memcpy((char *)all + (size_t)r * info_len, p->buf + 8, info_len);
-            bs->fds[r] = p->acc.fd;
-            free(p->buf);
-            pend[i] = pend[--npend];
-            joined++;
+        /* Only connections with news (or past their deadline) cost a call. */
+        uint64_t now = weft_now_ns();
+        for (int i = 0; i < g.n; i++)
+            g.pend[i].ready = g.pfd[i + 1].revents != 0 || now > g.pend[i].acc.deadline_ns;
+        for (int i = 0; i < g.n;) {
+            bool kept = true;
+            if (g.pend[i].ready)
+                WEFT_CHECK_GOTO(pending_step(&g, i, &kept), st, out);
+            i += kept;
         }
-        if (pfd[0].revents & POLLIN) {
-            for (;;) {
-                int fd;
-                if (weft_sock_accept(lfd, &fd) != WEFT_OK || fd < 0)
-                    break;
-                if (npend == MAX_PENDING) {
-                    /* Never a connection that proved the secret (a rank
-                     * whose record is on its way): an unproven one goes,
-                     * or, when all have proved it, the newcomer. */
-                    int victim = 0;
-                    while (victim < npend && pend[victim].authed)
-                        victim++;
-                    WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: %d connections pending; dropping %s",
-                              MAX_PENDING, victim < npend ? "an unauthenticated one" : "a new one");
-                    if (victim == npend) {
-                        close(fd);
-                        continue;
-                    }
-                    pending_drop(pend, &npend, victim);
-                }
-                struct pending *p = &pend[npend];
-                memset(p, 0, sizeof(*p));
-                p->buf = malloc(WEFT_BS_HDR_LEN + info_len);
-                if (p->buf == NULL) {
-                    close(fd);
-                    st = weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
-                    goto out;
-                }
-                weft_auth_accept_begin(&p->acc, fd,
-                                       weft_now_ns() + (uint64_t)HANDSHAKE_MS * 1000000);
-                npend++;
-            }
+        if (g.pfd[0].revents & POLLIN) {
+            bool stuck;
+            WEFT_CHECK_GOTO(accept_some(&g, lfd, &stuck), st, out);
+            if (stuck)
+                rest_until = weft_now_ns() + 5000000;
         }
     }
     /* Everyone is here: hand out the table. */
+    uint64_t t_all = weft_now_ns();
     for (int r = 1; r < bs->nranks && st == WEFT_OK; r++)
         st = msg_send(bs, bs->fds[r], r, all, (size_t)bs->nranks * info_len, deadline);
+    WEFT_INFO(WEFT_SUB_BOOT, "bootstrap: %d ranks joined in %.1f ms, table of %zu bytes sent to "
+              "each in %.1f ms; %lu connections dropped", bs->nranks, (double)(t_all - t0) / 1e6,
+              (size_t)bs->nranks * info_len, (double)(weft_now_ns() - t_all) / 1e6, g.dropped);
 out:
-    while (npend > 0)
-        pending_drop(pend, &npend, 0);
+    while (g.n > 0)
+        pending_drop(&g, 0, "the bootstrap is over");
+    if (g.dropped > DROP_LOG)
+        WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: dropped %lu connections in all (%d named above)",
+                  g.dropped, DROP_LOG);
+    free(g.pend);
+    free(g.pfd);
     if (st != WEFT_OK) {
         /* Tell the ranks that did join why, instead of leaving them to
          * their own deadline. */
@@ -574,6 +697,77 @@ out:
                 weft_sock_send_all(bs->fds[r], text, n, soon);
     }
     return st;
+}
+
+/* ---- other ranks ----------------------------------------------------------- */
+
+/* One connect to the root given window_ms: 0 connected (*fd), 1 refused
+ * or unreachable (nobody listens yet), 2 no answer in the window, else
+ * errno. */
+static int root_try(const union weft_sockaddr *root, int window_ms, int *fd)
+{
+    int s = socket(root->sa.sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return errno;
+    int err = 0;
+    socklen_t len = sizeof(err);
+    struct pollfd p = {.fd = s, .events = POLLOUT};
+    if (connect(s, &root->sa, weft_sock_len(root)) != 0) {
+        if (errno != EINPROGRESS && errno != EINTR)
+            err = errno;
+        else if (poll(&p, 1, window_ms) <= 0)
+            err = -1;
+        else if (getsockopt(s, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+            err = errno;
+    }
+    if (err == 0) {
+        weft_sock_tune(s, 0);
+        *fd = s;
+        return 0;
+    }
+    close(s);
+    if (err == -1)
+        return 2;
+    return err == ECONNREFUSED || err == ETIMEDOUT || err == EHOSTUNREACH ? 1 : err;
+}
+
+/* Connects to the root.  A root's full listen queue drops our SYN without
+ * a word, and TCP sends it again only after 1 s, while a root that drains
+ * a flood of strangers has room again within milliseconds: a connect with
+ * no answer is started afresh after 20 ms, then 40, ... up to 1.3 s (for
+ * long round trips). */
+static weft_status_t root_connect(struct weft_comm *comm, const union weft_sockaddr *root,
+                                  uint64_t deadline, int *fd)
+{
+    char name[96];
+    int nap_ms = 1, unanswered = 0;
+    for (int tries = 0;; tries++) {
+        int left = weft_ms_left(deadline), window = 20 << WEFT_MIN(unanswered, 6);
+        int rc = root_try(root, left < 0 ? window : WEFT_MIN(left, window), fd);
+        if (rc == 0) {
+            if (tries > 0)
+                WEFT_INFO(WEFT_SUB_BOOT, "bootstrap: connected to root %s at try %d",
+                          weft_sock_str(root, name, sizeof(name)), tries + 1);
+            return WEFT_OK;
+        }
+        if (rc > 2)
+            return weft_error(weft_comm_err(comm), weft_errno_status(rc), "connect to root %s: %s",
+                              weft_sock_str(root, name, sizeof(name)), strerror(rc));
+        left = weft_ms_left(deadline);
+        if (left == 0)
+            return weft_error(weft_comm_err(comm), WEFT_ERR_TIMEOUT,
+                              "connect to root %s: deadline passed (%s)",
+                              weft_sock_str(root, name, sizeof(name)),
+                              rc == 1 ? "refused or unreachable" : "no answer");
+        unanswered += rc == 2;
+        if (rc == 1) {
+            /* Rank 0 may not listen (or be reachable) yet: wait a little,
+             * more each time. */
+            struct timespec nap = {0, (long)(left < 0 ? nap_ms : WEFT_MIN(nap_ms, left)) * 1000000};
+            nanosleep(&nap, NULL);
+            nap_ms = WEFT_MIN(nap_ms * 2, 100);
+        }
+    }
 }
 
 weft_status_t weft_bootstrap_init(struct weft_comm *comm, const struct weft_uid *uid, int rank,
@@ -620,7 +814,7 @@ weft_status_t weft_bootstrap_init(struct weft_comm *comm, const struct weft_uid 
                                         .rank = (uint32_t)rank, .nranks = (uint32_t)nranks};
         const char *why = NULL;
         for (int tries = 0;; tries++) {
-            WEFT_CHECK_GOTO(weft_sock_connect(&uid->root, deadline, &bs->root_fd), st, fail);
+            WEFT_CHECK_GOTO(root_connect(comm, &uid->root, deadline, &bs->root_fd), st, fail);
             st = weft_auth_connect(bs->root_fd, uid->secret, &hello, deadline, &why);
             /* Our record goes with the handshake: a root busy with a flood
              * of strangers may drop us before it has seen our proof. */
