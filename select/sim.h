@@ -34,6 +34,16 @@ struct weft_sim_model {
      * rank); only messages between two machines count towards
      * port_seconds. */
     const int *host;
+    /* The symmetry the link costs have (weft_sim_two_level sets it): when
+     * > 0, the cost of i -> j depends only on whether i / sym_ppn equals
+     * j / sym_ppn.  weft_sim_run then looks for a group of rank
+     * permutations that keeps both the costs and the schedules, and runs
+     * one rank per class (see there).  0: every rank is run. */
+    int sym_ppn;
+    /* Most steps a run of every rank may hold (0: as many as memory
+     * allows); a schedule over the limit is WEFT_ERR_UNSUPPORTED, found
+     * before most of it is built. */
+    size_t max_steps;
 };
 
 /* Predicted seconds for the collective tmpl describes (tmpl->rank is ignored:
@@ -85,10 +95,34 @@ struct weft_sim_result {
      * timing, one plan (a hierarchical schedule on one node is its
      * intra-node phase alone). */
     uint64_t shape;
+    /* Ranks actually run: nranks, or the classes' representatives. */
+    int ranks_run;
+    /* The permutations that stood in for the other ranks: "none",
+     * "rotation" (r -> r + k * ranks_run) or "xor" (r -> r ^ k * ranks_run). */
+    const char *symmetry;
 };
 
 /* weft_sim_predict, with the busiest port's load too.  Errors as there
- * (a NULL res: WEFT_ERR_INVALID_ARG); *res is set only on success. */
+ * (a NULL res: WEFT_ERR_INVALID_ARG); *res is set only on success.
+ *
+ * Symmetry (m->sym_ppn > 0, no cpu_group and no host): a group G of rank
+ * permutations acting freely, each keeping every link's cost, such that
+ * rank g(r)'s schedule is rank r's with every peer q replaced by g(q)
+ * (same kinds, counts and deps, step by step), makes every rank of an
+ * orbit run the same steps at the same times, so only one rank per orbit
+ * (0 .. ranks_run - 1) is run: a message to rank q meets the matching step
+ * of q's representative, a message from rank r the representative's port.
+ * The groups tried, fewest classes first: r ^ k and r + k (one class;
+ * xor needs a power-of-two rank count and node size, rotation one node or
+ * one rank a node), then r ^ k*sym_ppn and r + k*sym_ppn (sym_ppn classes).
+ * A group counts when every rank's schedule is the moved one: all ranks
+ * are built and compared when that costs at most a few million steps,
+ * else every representative against ten ranks of its orbit (neighbours
+ * under each generator, the far side, three pseudo-random).  Otherwise,
+ * or when the pairing of messages does not close under G, every rank is
+ * run.  The two agree up to the order in which messages ready at one
+ * instant claim a port (by rank in both, which G does not keep); shape
+ * then hashes the representatives and the group. */
 weft_status_t weft_sim_run(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
                            struct weft_sim_result *res) WEFT_HIDDEN;
 
@@ -101,7 +135,8 @@ struct weft_sim_cluster {
 };
 
 /* Sets m->link and m->ctx to the cluster's (c is borrowed: it must outlive
- * every use of m); gamma, copy and esize are the caller's to set. */
+ * every use of m) and m->sym_ppn to c->ppn; gamma, copy and esize are the
+ * caller's to set. */
 void weft_sim_two_level(struct weft_sim_model *m, const struct weft_sim_cluster *c) WEFT_HIDDEN;
 
 /* Sets m->link and m->ctx to read costs from a link table (borrowed, as
