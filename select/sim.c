@@ -28,6 +28,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "select/topo.h"
 
@@ -35,6 +36,8 @@
 /* A symmetry check builds every rank when the ranks' steps come to at most
  * this many, else ten ranks per representative. */
 #define CHECK_ALL_STEPS ((size_t)4 << 20)
+#define CHECK_ALL_RANKS 2048
+#define CHECK_SOME 4
 
 /* How a rank maps onto its representative (rank % nrep). */
 enum { G_NONE, G_ROT, G_XOR };
@@ -210,6 +213,13 @@ static weft_status_t add_rank(struct sim *s, int r, const struct weft_schedule *
     return WEFT_OK;
 }
 
+static double seconds_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* Builds rank r's schedule into sch. */
 static weft_status_t build(const struct weft_coll_desc *tmpl, int r, struct weft_schedule *sch)
 {
@@ -227,6 +237,7 @@ static weft_status_t load(struct sim *s, const struct weft_coll_desc *tmpl,
     struct weft_schedule sch;
     weft_sched_init(&sch);
     size_t lim = s->m->max_steps;
+    double t0 = seconds_now();
     weft_status_t st = WEFT_OK;
     if (s->gkind != G_NONE)
         shape_add(s, (uint64_t)s->gkind << 32 | (uint64_t)s->nrep);
@@ -246,6 +257,17 @@ static weft_status_t load(struct sim *s, const struct weft_coll_desc *tmpl,
                             "%zu, and no symmetry lets fewer ranks stand for them",
                             s->p, projected, lim);
             goto out;
+        }
+        if (r == 63 && s->m->max_build_seconds > 0) {
+            double secs = (seconds_now() - t0) / 64 * s->p;
+            if (secs > s->m->max_build_seconds) {
+                st = weft_error(NULL, WEFT_ERR_UNSUPPORTED,
+                                "sim: building %d ranks' schedules would take about %.2g s, over "
+                                "the limit of %g s, and no symmetry lets fewer ranks stand for "
+                                "them",
+                                s->p, secs, s->m->max_build_seconds);
+                goto out;
+            }
         }
     }
     s->rank_off[s->nrep] = s->n;
@@ -797,7 +819,6 @@ static bool moved_same(const struct sim *g, int b, const struct weft_schedule *r
     }
     return true;
 }
-
 /* splitmix64 of x: the pseudo-random members a sampled check looks at. */
 static uint64_t mix(uint64_t x)
 {
@@ -818,18 +839,14 @@ static bool group_fits(const struct sim *g, const struct weft_coll_desc *tmpl,
     size_t steps = 0;
     for (int a = 0; a < g->nrep; a++)
         steps += reps[a].nsteps;
-    bool all = (double)steps * orbit <= (double)CHECK_ALL_STEPS;
-    int pick[10], npick = 0;
+    bool all = (double)steps * orbit <= (double)CHECK_ALL_STEPS && g->p <= CHECK_ALL_RANKS;
+    int pick[CHECK_SOME], npick = 0;
     if (!all) {
-        /* The generators' neighbours, the far side, and three more. */
+        /* The next rank of the orbit, the far side, the last, one more. */
         pick[npick++] = 1;
-        pick[npick++] = orbit - 1;
         pick[npick++] = orbit / 2;
-        pick[npick++] = orbit / 3 ? orbit / 3 : 1;
-        for (int j = 2; j < orbit && npick < 7; j *= 2)
-            pick[npick++] = g->gkind == G_XOR ? j : j + 1;
-        for (uint64_t i = 0; npick < 10; i++)
-            pick[npick++] = 1 + (int)(mix(i ^ (uint64_t)orbit) % (uint64_t)(orbit - 1));
+        pick[npick++] = orbit - 1;
+        pick[npick++] = 1 + (int)(mix((uint64_t)orbit) % (uint64_t)(orbit - 1));
     }
     for (int a = 0; a < g->nrep; a++)
         for (int i = 0; i < (all ? orbit - 1 : npick); i++) {
@@ -866,6 +883,7 @@ static weft_status_t run_symmetric(const struct weft_coll_desc *tmpl,
         {ppn, G_XOR, !one_level && pow2(p) && pow2(ppn)},
         {ppn, G_ROT, !one_level},
     };
+    int ncand = (int)(sizeof(cand) / sizeof(cand[0]));
     struct weft_schedule *reps = calloc((size_t)ppn, sizeof(*reps)), tmp;
     if (!reps)
         return weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot hold %d schedules", ppn);
@@ -874,7 +892,7 @@ static weft_status_t run_symmetric(const struct weft_coll_desc *tmpl,
         weft_sched_init(&reps[a]);
     int built = 0;
     weft_status_t st = WEFT_OK;
-    for (size_t c = 0; c < sizeof(cand) / sizeof(cand[0]) && !*found; c++) {
+    for (int c = 0; c < ncand && !*found; c++) {
         if (!cand[c].ok)
             continue;
         for (; built < cand[c].unit; built++)
@@ -908,7 +926,8 @@ weft_status_t weft_sim_run(const struct weft_coll_desc *tmpl, const struct weft_
                           !tmpl ? "the collective" : !m ? "the model" : "the result");
     if (tmpl->nranks < 1)
         return weft_error(NULL, WEFT_ERR_INVALID_ARG, "sim: nranks %d is below 1", tmpl->nranks);
-    if (!m->link || m->esize < 1 || !cost_ok(m->gamma) || !cost_ok(m->copy) || m->sym_ppn < 0)
+    if (!m->link || m->esize < 1 || !cost_ok(m->gamma) || !cost_ok(m->copy) || m->sym_ppn < 0 ||
+        !(m->max_build_seconds >= 0))
         return weft_error(NULL, WEFT_ERR_INVALID_ARG,
                           "sim: bad model (link %s, esize %zu, gamma %g s/B, copy %g s/B, "
                           "sym_ppn %d)",

@@ -44,6 +44,13 @@ struct weft_sim_model {
      * allows); a schedule over the limit is WEFT_ERR_UNSUPPORTED, found
      * before most of it is built. */
     size_t max_steps;
+    /* Most seconds building every rank's schedule may take (0: no limit),
+     * projected from the first 64 ranks: the builders loop over all ranks
+     * or rounds, so p ranks cost O(p^2) whatever the steps (8 s for a
+     * ring of 16,384 ranks).  Over it is WEFT_ERR_UNSUPPORTED; being a
+     * clock, it decides only whether a prediction is made, never its
+     * value. */
+    double max_build_seconds;
 };
 
 /* Predicted seconds for the collective tmpl describes (tmpl->rank is ignored:
@@ -116,13 +123,15 @@ struct weft_sim_result {
  * xor needs a power-of-two rank count and node size, rotation one node or
  * one rank a node), then r ^ k*sym_ppn and r + k*sym_ppn (sym_ppn classes).
  * A group counts when every rank's schedule is the moved one: all ranks
- * are built and compared when that costs at most a few million steps,
- * else every representative against ten ranks of its orbit (neighbours
- * under each generator, the far side, three pseudo-random).  Otherwise,
- * or when the pairing of messages does not close under G, every rank is
- * run.  The two agree up to the order in which messages ready at one
- * instant claim a port (by rank in both, which G does not keep); shape
- * then hashes the representatives and the group. */
+ * are built and compared when that costs at most a few million steps and
+ * 2048 ranks, else every representative against four ranks of its
+ * orbit (the next, the far side, the last and one pseudo-random).
+ * Dependencies count: rhd's ranks with more than one chunk a message keep
+ * different halves, so a send depends on another chunk of the stage
+ * before, and such ranks really run differently (up to 12% apart in
+ * test_sim when taken as one).  When no group fits, or the pairing of
+ * messages does not close under G, every rank is run.  With a group,
+ * shape hashes the representatives and the group. */
 weft_status_t weft_sim_run(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
                            struct weft_sim_result *res) WEFT_HIDDEN;
 

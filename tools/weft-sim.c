@@ -8,7 +8,7 @@
  *            [--inter-alpha-us A2 --inter-gbps B2] [--reduce-gbps G] [--copy-gbps C]
  *            [-c allreduce|reducescatter|allgather|broadcast|reduce|all] [-a ALGOS]
  *            [-b MIN -e MAX -f FACTOR] [--chunk BYTES] [--dtype-bytes E]
- *            [--full | --compare] [--max-steps N]
+ *            [--full | --compare] [--max-steps N] [--max-build-s S]
  *
  * DESCRIPTION
  *   For each collective, prints a table of the predicted time (us) of every
@@ -48,7 +48,10 @@
  *   --compare           run both, and print the largest relative gap
  *                       between them over every prediction made
  *   --max-steps N       most steps a run of every rank may hold, K/M/G
- *                       suffixes (16M: about 1.5 GB)
+ *                       suffixes (4M: about 0.3 GB; 0: no limit)
+ *   --max-build-s S     most seconds building every rank's schedule may
+ *                       take, projected from 64 ranks (0.5; 0: no limit):
+ *                       the builders cost O(P) a rank, so O(P^2) in all
  *   -h, --help          this text
  *
  * EXIT STATUS
@@ -87,7 +90,8 @@ static const char usage[] =
     "  --chunk BYTES        most bytes one step carries (WEFT_CHUNK_SIZE)\n"
     "  --dtype-bytes E      bytes per element: 1, 2, 4, 8 (4)\n"
     "  --full               run every rank (no symmetry); --compare: both, and the gap\n"
-    "  --max-steps N        most steps a run of every rank may hold (16M)\n";
+    "  --max-steps N        most steps a run of every rank may hold (4M; 0: none)\n"
+    "  --max-build-s S      most seconds building every rank may take (0.5; 0: none)\n";
 
 static const struct {
     const char *name;
@@ -106,7 +110,7 @@ struct opts {
     unsigned colls; /* bit i: colls[i] */
     bool sel[WEFT_ALGO_COUNT][WEFT_VAR_COUNT];
     int64_t minb, maxb, chunk, max_steps;
-    double factor;
+    double factor, max_build_s;
     int esize;
     int mode; /* M_SYM, M_FULL or M_COMPARE */
 };
@@ -211,7 +215,7 @@ static void parse(int argc, char **argv, struct opts *o)
         .alpha_us = 0.5, .gbps = 10, .inter_alpha_us = 5, .inter_gbps = 3,
         .reduce_gbps = 10, .copy_gbps = 10, .colls = (1u << NCOLLS) - 1,
         .minb = 8, .maxb = 64 << 20, .factor = 4, .chunk = chunk > 0 ? chunk : 524288,
-        .esize = 4, .max_steps = 16 << 20,
+        .esize = 4, .max_steps = 4 << 20, .max_build_s = 0.5,
     };
     parse_algos(o, "ring,tree,rhd,direct,hier");
     for (int i = 1; i < argc; i++) {
@@ -272,7 +276,9 @@ static void parse(int argc, char **argv, struct opts *o)
         } else if (strcmp(flag, "--chunk") == 0)
             o->chunk = parse_bytes(flag, v);
         else if (strcmp(flag, "--max-steps") == 0)
-            o->max_steps = parse_bytes(flag, v);
+            o->max_steps = strcmp(v, "0") == 0 ? 0 : parse_bytes(flag, v);
+        else if (strcmp(flag, "--max-build-s") == 0)
+            o->max_build_s = parse_num(flag, v, true);
         else if (strcmp(flag, "--dtype-bytes") == 0) {
             o->esize = parse_int(flag, v, 1, 8);
             if (o->esize & (o->esize - 1))
@@ -314,7 +320,7 @@ struct ctx {
     int *node;
     int ncand;
     int cand[WEFT_ALGO_COUNT * WEFT_VAR_COUNT][2]; /* (algo, variant) */
-    char why[WEFT_ALGO_COUNT * WEFT_VAR_COUNT][160]; /* the first n/a's reason, per candidate */
+    char why[WEFT_ALGO_COUNT * WEFT_VAR_COUNT][320]; /* the first n/a's reason, per candidate */
 };
 
 /* What --compare found, over the whole run. */
@@ -389,11 +395,11 @@ static double predict(struct ctx *c, int k, size_t count)
 
 /* Index of the fastest candidate (first among equals), -1 if none works;
  * t (ncand) gets every time. */
-static int fastest(struct ctx *c, size_t count, double *t)
+static int fastest(struct ctx *c, size_t count, double *t, const bool *active)
 {
     int best = -1;
     for (int k = 0; k < c->ncand; k++) {
-        t[k] = predict(c, k, count);
+        t[k] = !active || active[k] ? predict(c, k, count) : NAN;
         if (!isnan(t[k]) && (best < 0 || t[k] < t[best]))
             best = k;
     }
@@ -419,10 +425,16 @@ static size_t grain_at(const struct ctx *c, size_t count)
 }
 
 /* Between counts lo (fastest wlo) and hi (fastest whi): every change of
- * the fastest, each found by bisection to the grain (grain_at). */
+ * the fastest, each found by bisection to the grain (grain_at).  tlo and
+ * thi are every candidate's times at lo and hi.  Taking a time never to
+ * fall as the size grows, a candidate slower at lo than the fastest at hi
+ * cannot be the fastest in between and is not run there. */
 static int crossovers(struct ctx *c, const char *cname, size_t lo, int wlo, size_t hi,
-                      int whi, double *t)
+                      int whi, const double *tlo, const double *thi, double *t)
 {
+    bool active[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
+    for (int k = 0; k < c->ncand; k++)
+        active[k] = !isnan(thi[k]) && !(tlo[k] > thi[whi]);
     int found = 0;
     while (wlo != whi && found < 16) {
         size_t a = lo, b = hi;
@@ -438,7 +450,7 @@ static int crossovers(struct ctx *c, const char *cname, size_t lo, int wlo, size
                     break;
                 mid = m;
             }
-            int w = fastest(c, mid, t);
+            int w = fastest(c, mid, t, active);
             if (w == wlo) {
                 a = mid;
             } else {
@@ -469,6 +481,7 @@ static int one_coll(const struct opts *o, size_t ci, int *node)
     c.m.copy = 1 / (o->copy_gbps * 1e9);
     c.m.esize = (size_t)o->esize;
     c.m.max_steps = (size_t)o->max_steps;
+    c.m.max_build_seconds = o->max_build_s;
     for (int a = 0; a < WEFT_ALGO_COUNT; a++)
         for (int v = 0; v < WEFT_VAR_COUNT; v++)
             if (o->sel[a][v] && weft_algo_serves(a, v, c.coll)) {
@@ -481,7 +494,10 @@ static int one_coll(const struct opts *o, size_t ci, int *node)
     /* A variant that cannot build this rank count is named once and dropped. */
     char name[64];
     for (int k = 0; k < c.ncand;) {
-        if (!isnan(predict(&c, k, count_of(&c, o->minb)))) {
+        /* Over a limit at one end is n/a there, not the end of it. */
+        if (!isnan(predict(&c, k, count_of(&c, o->minb))) ||
+            !isnan(predict(&c, k, count_of(&c, o->maxb)))) {
+            c.why[k][0] = '\0';
             k++;
             continue;
         }
@@ -499,7 +515,8 @@ static int one_coll(const struct opts *o, size_t ci, int *node)
         printf(" %14s", cand_name(&c, k, name, sizeof(name)));
     printf("\n");
 
-    double t[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
+    enum { NC = WEFT_ALGO_COUNT * WEFT_VAR_COUNT };
+    double t[NC], *times = NULL; /* (rows, NC) */
     size_t nrows = 0, cap = 0, *counts = NULL;
     int *wins = NULL, nbuilt = 0;
     for (double sz = (double)o->minb; sz <= (double)o->maxb; sz *= o->factor) {
@@ -509,17 +526,23 @@ static int one_coll(const struct opts *o, size_t ci, int *node)
         if (nrows == cap) {
             cap = cap ? 2 * cap : 64;
             size_t *nc = realloc(counts, cap * sizeof(*nc));
+            if (nc)
+                counts = nc;
             int *nw = nc ? realloc(wins, cap * sizeof(*nw)) : NULL;
-            if (!nw) {
-                free(nc ? nc : counts);
+            if (nw)
+                wins = nw;
+            double *nt = nw ? realloc(times, cap * NC * sizeof(*nt)) : NULL;
+            if (!nt) {
+                free(counts);
                 free(wins);
+                free(times);
                 fprintf(stderr, "weft-sim: out of memory for %zu rows\n", cap);
                 return 1;
             }
-            counts = nc;
-            wins = nw;
+            times = nt;
         }
-        int w = fastest(&c, count, t);
+        int w = fastest(&c, count, t, NULL);
+        memcpy(&times[nrows * NC], t, sizeof(t));
         printf("  %12.0f %12zu", bytes_of(&c, count), count);
         for (int k = 0; k < c.ncand; k++) {
             if (isnan(t[k]))
@@ -541,7 +564,8 @@ static int one_coll(const struct opts *o, size_t ci, int *node)
     }
     for (size_t r = 1; r < nrows; r++)
         if (wins[r] != wins[r - 1])
-            found += crossovers(&c, cname, counts[r - 1], wins[r - 1], counts[r], wins[r], t);
+            found += crossovers(&c, cname, counts[r - 1], wins[r - 1], counts[r], wins[r],
+                                &times[(r - 1) * NC], &times[r * NC], t);
     if (found == 0)
         printf("# crossover %s: none (%s fastest at every size)\n", cname,
                cand_name(&c, wins[0], name, sizeof(name)));
@@ -551,6 +575,7 @@ static int one_coll(const struct opts *o, size_t ci, int *node)
 out:
     free(counts);
     free(wins);
+    free(times);
     return rc;
 }
 
