@@ -8,7 +8,7 @@
  *            [--inter-alpha-us A2 --inter-gbps B2] [--reduce-gbps G] [--copy-gbps C]
  *            [-c allreduce|reducescatter|allgather|broadcast|reduce|all] [-a ALGOS]
  *            [-b MIN -e MAX -f FACTOR] [--chunk BYTES] [--dtype-bytes E]
- *            [--full | --compare] [--max-steps N] [--max-build-s S]
+ *            [--full | --compare] [--max-steps N] [--max-build-s S] [--max-chunks K]
  *
  * DESCRIPTION
  *   For each collective, prints a table of the predicted time (us) of every
@@ -44,14 +44,18 @@
  *   -f FACTOR           size multiplier between rows, > 1 (4)
  *   --chunk BYTES       most bytes one step carries (WEFT_CHUNK_SIZE)
  *   --dtype-bytes E     bytes per element: 1, 2, 4 or 8 (4)
+ *   --max-chunks K      larger chunks where a count would have more than K
+ *                       (0: none, the engine's chunks); selection simulates
+ *                       with 16, coarser pipelines than the engine runs
  *   --full              run every rank, no symmetry (the reference)
  *   --compare           run both, and print the largest relative gap
  *                       between them over every prediction made
  *   --max-steps N       most steps a run of every rank may hold, K/M/G
  *                       suffixes (4M: about 0.3 GB; 0: no limit)
- *   --max-build-s S     most seconds building every rank's schedule may
- *                       take, projected from 64 ranks (0.5; 0: no limit):
- *                       the builders cost O(P) a rank, so O(P^2) in all
+ *   --max-build-s S     above 2048 ranks, most seconds building every
+ *                       rank's schedule may take, projected from 64 ranks
+ *                       (0.5; 0: no limit): the builders cost O(P) a rank,
+ *                       so O(P^2) in all
  *   -h, --help          this text
  *
  * EXIT STATUS
@@ -75,6 +79,7 @@ static const char usage[] =
     "                [--inter-alpha-us A2 --inter-gbps B2] [--reduce-gbps G] [--copy-gbps C]\n"
     "                [-c allreduce|reducescatter|allgather|broadcast|reduce|all] [-a ALGOS]\n"
     "                [-b MIN -e MAX -f FACTOR] [--chunk BYTES] [--dtype-bytes E]\n"
+    "                [--full | --compare] [--max-steps N] [--max-build-s S] [--max-chunks K]\n"
     "Predicts each algorithm's time (us) per size and prints where the fastest changes.\n"
     "  -n P                 ranks (default K*M with --nodes and --ppn)\n"
     "  --nodes K --ppn M    K nodes of M ranks (default: one node)\n"
@@ -89,9 +94,11 @@ static const char usage[] =
     "  -b MIN -e MAX -f F   sizes in bytes (K/M/G suffixes; 8, 64M, x4)\n"
     "  --chunk BYTES        most bytes one step carries (WEFT_CHUNK_SIZE)\n"
     "  --dtype-bytes E      bytes per element: 1, 2, 4, 8 (4)\n"
+    "  --max-chunks K       chunks of at least count/K elements (0: the engine's; 16: selection's)\n"
     "  --full               run every rank (no symmetry); --compare: both, and the gap\n"
     "  --max-steps N        most steps a run of every rank may hold (4M; 0: none)\n"
-    "  --max-build-s S      most seconds building every rank may take (0.5; 0: none)\n";
+    "  --max-build-s S      above 2048 ranks, most seconds building every rank may\n"
+    "                       take (0.5; 0: none)\n";
 
 static const struct {
     const char *name;
@@ -112,10 +119,14 @@ struct opts {
     int64_t minb, maxb, chunk, max_steps;
     double factor, max_build_s;
     int esize;
-    int mode; /* M_SYM, M_FULL or M_COMPARE */
+    int mode;       /* M_SYM, M_FULL or M_COMPARE */
+    int max_chunks; /* 0, or the most chunks of a count (--max-chunks) */
 };
 
 enum { M_SYM, M_FULL, M_COMPARE };
+
+/* Ranks above which --max-build-s applies. */
+#define BUILD_LIMIT_RANKS 2048
 
 /* Variant 0 is shown as the family alone. */
 static void display_name(int algo, int var, char *out, size_t len)
@@ -277,6 +288,8 @@ static void parse(int argc, char **argv, struct opts *o)
             o->chunk = parse_bytes(flag, v);
         else if (strcmp(flag, "--max-steps") == 0)
             o->max_steps = strcmp(v, "0") == 0 ? 0 : parse_bytes(flag, v);
+        else if (strcmp(flag, "--max-chunks") == 0)
+            o->max_chunks = parse_int(flag, v, 0, 1 << 20);
         else if (strcmp(flag, "--max-build-s") == 0)
             o->max_build_s = parse_num(flag, v, true);
         else if (strcmp(flag, "--dtype-bytes") == 0) {
@@ -362,6 +375,8 @@ static double predict_one(struct ctx *c, int k, const struct weft_coll_desc *d,
 static double predict(struct ctx *c, int k, size_t count)
 {
     size_t chunk = (size_t)c->o->chunk / (size_t)c->o->esize;
+    if (c->o->max_chunks > 0)
+        chunk = WEFT_MAX(chunk, count / (size_t)c->o->max_chunks); /* select/tune.c's rule */
     struct weft_coll_desc d = {
         .coll = c->coll, .nranks = c->o->n, .root = 0, .count = count,
         .chunk = chunk ? chunk : 1, .algo = c->cand[k][0], .variant = c->cand[k][1],
@@ -435,6 +450,16 @@ static int crossovers(struct ctx *c, const char *cname, size_t lo, int wlo, size
     bool active[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
     for (int k = 0; k < c->ncand; k++)
         active[k] = !isnan(thi[k]) && !(tlo[k] > thi[whi]);
+    bool lo_na = wlo >= 0 && isnan(thi[wlo]), hi_na = whi >= 0 && isnan(tlo[whi]);
+    if (lo_na || hi_na) {
+        /* One of the two could not be simulated at one end: where they
+         * cross is not known. */
+        char n1[64], n2[64];
+        printf("# crossover %s: %s -> %s between %.0f and %.0f B (%s n/a at one end)\n", cname,
+               cand_name(c, wlo, n1, sizeof(n1)), cand_name(c, whi, n2, sizeof(n2)),
+               bytes_of(c, lo), bytes_of(c, hi), lo_na ? n1 : n2);
+        return 1;
+    }
     int found = 0;
     while (wlo != whi && found < 16) {
         size_t a = lo, b = hi;
@@ -481,7 +506,9 @@ static int one_coll(const struct opts *o, size_t ci, int *node)
     c.m.copy = 1 / (o->copy_gbps * 1e9);
     c.m.esize = (size_t)o->esize;
     c.m.max_steps = (size_t)o->max_steps;
-    c.m.max_build_seconds = o->max_build_s;
+    /* A clock makes n/a depend on the machine's load: only where the
+     * builders' O(P^2) runs to seconds. */
+    c.m.max_build_seconds = o->n > BUILD_LIMIT_RANKS ? o->max_build_s : 0;
     for (int a = 0; a < WEFT_ALGO_COUNT; a++)
         for (int v = 0; v < WEFT_VAR_COUNT; v++)
             if (o->sel[a][v] && weft_algo_serves(a, v, c.coll)) {
