@@ -66,7 +66,8 @@ struct weft_sim_model {
  *   taking alpha(i,j) + bytes * beta(i,j).  Each rank has one send port and
  *   one receive port (full duplex): a message waits until the sender's send
  *   port and the receiver's receive port are both free, and messages claim
- *   the ports in the order they became ready (ties: in issue order).
+ *   the ports in the order they became ready (ties: by post time, then
+ *   the send's place in its rank's schedule, then rank; sim.c says why).
  *   The send completes when the message has arrived (no buffering).
  * - A RECV_REDUCE then costs bytes * gamma of the receiving rank's CPU, a
  *   COPY bytes * copy (even one whose source and destination coincide);
@@ -79,8 +80,9 @@ struct weft_sim_model {
  * (nranks < 1, NULL model, a cost not finite or negative), a schedule
  * whose sends and receives do not match or that deadlocks; what
  * weft_sched_build returns; WEFT_ERR_NO_MEMORY.  *seconds is set only on
- * success.  Cost: O(S log S) time and at most about 60 bytes of memory per step
- * for S steps over all ranks. */
+ * success.  Cost: O(S log S) time and at most about 70 bytes of memory per step
+ * for S steps over the ranks run (weft_sim_run: all, or one per class),
+ * plus building every rank's schedule, or the few a symmetry checks. */
 weft_status_t weft_sim_predict(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
                                double *seconds) WEFT_HIDDEN;
 

@@ -54,7 +54,7 @@
  *                       suffixes (4M: about 0.3 GB; 0: no limit)
  *   --max-build-s S     above 2048 ranks, most seconds building every
  *                       rank's schedule may take, projected from 64 ranks
- *                       (0.5; 0: no limit): the builders cost O(P) a rank,
+ *                       (1; 0: no limit): the builders cost O(P) a rank,
  *                       so O(P^2) in all
  *   -h, --help          this text
  *
@@ -98,7 +98,7 @@ static const char usage[] =
     "  --full               run every rank (no symmetry); --compare: both, and the gap\n"
     "  --max-steps N        most steps a run of every rank may hold (4M; 0: none)\n"
     "  --max-build-s S      above 2048 ranks, most seconds building every rank may\n"
-    "                       take (0.5; 0: none)\n";
+    "                       take (1; 0: none)\n";
 
 static const struct {
     const char *name;
@@ -226,7 +226,7 @@ static void parse(int argc, char **argv, struct opts *o)
         .alpha_us = 0.5, .gbps = 10, .inter_alpha_us = 5, .inter_gbps = 3,
         .reduce_gbps = 10, .copy_gbps = 10, .colls = (1u << NCOLLS) - 1,
         .minb = 8, .maxb = 64 << 20, .factor = 4, .chunk = chunk > 0 ? chunk : 524288,
-        .esize = 4, .max_steps = 4 << 20, .max_build_s = 0.5,
+        .esize = 4, .max_steps = 4 << 20, .max_build_s = 1.0,
     };
     parse_algos(o, "ring,tree,rhd,direct,hier");
     for (int i = 1; i < argc; i++) {
