@@ -33,8 +33,8 @@
 #include "select/topo.h"
 
 #define NONE UINT32_MAX
-/* A symmetry check builds every rank when the ranks' steps come to at most
- * this many, else ten ranks per representative. */
+/* A symmetry check builds every rank when that is at most CHECK_ALL_STEPS
+ * steps and CHECK_ALL_RANKS ranks, else CHECK_SOME ranks of each class. */
 #define CHECK_ALL_STEPS ((size_t)4 << 20)
 #define CHECK_ALL_RANKS 2048
 #define CHECK_SOME 4
@@ -930,8 +930,9 @@ weft_status_t weft_sim_run(const struct weft_coll_desc *tmpl, const struct weft_
         !(m->max_build_seconds >= 0))
         return weft_error(NULL, WEFT_ERR_INVALID_ARG,
                           "sim: bad model (link %s, esize %zu, gamma %g s/B, copy %g s/B, "
-                          "sym_ppn %d)",
-                          m->link ? "set" : "NULL", m->esize, m->gamma, m->copy, m->sym_ppn);
+                          "sym_ppn %d, max_build_seconds %g)",
+                          m->link ? "set" : "NULL", m->esize, m->gamma, m->copy, m->sym_ppn,
+                          m->max_build_seconds);
     if (m->sym_ppn > 0 && tmpl->nranks > 1 && !m->cpu_group && !m->host) {
         bool found = false;
         WEFT_CHECK(run_symmetric(tmpl, m, res, &found));
