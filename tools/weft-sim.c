@@ -447,9 +447,6 @@ static size_t grain_at(const struct ctx *c, size_t count)
 static int crossovers(struct ctx *c, const char *cname, size_t lo, int wlo, size_t hi,
                       int whi, const double *tlo, const double *thi, double *t)
 {
-    bool active[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
-    for (int k = 0; k < c->ncand; k++)
-        active[k] = !isnan(thi[k]) && !(tlo[k] > thi[whi]);
     bool lo_na = wlo >= 0 && isnan(thi[wlo]), hi_na = whi >= 0 && isnan(tlo[whi]);
     if (lo_na || hi_na) {
         /* One of the two could not be simulated at one end: where they
@@ -460,6 +457,10 @@ static int crossovers(struct ctx *c, const char *cname, size_t lo, int wlo, size
                bytes_of(c, lo), bytes_of(c, hi), lo_na ? n1 : n2);
         return 1;
     }
+    /* Both are simulated at both ends from here on (wlo, whi >= 0). */
+    bool active[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
+    for (int k = 0; k < c->ncand; k++)
+        active[k] = !isnan(thi[k]) && !(tlo[k] > thi[whi]);
     int found = 0;
     while (wlo != whi && found < 16) {
         size_t a = lo, b = hi;
