@@ -9,8 +9,18 @@
  * becomes ready first (events are handled in time order) takes the next
  * free slot of the resources it needs, so each resource serves FIFO.
  * Messages that become ready at the same instant claim their ports in the
- * order their sends were issued (post time, then rank and step), which is
- * what makes a binomial root serve its deepest subtree first.
+ * order their sends were issued: post time, then the send's place in its
+ * rank's schedule, then rank.  Within a rank that is schedule order (what
+ * makes a binomial root serve its deepest subtree first); across ranks it
+ * takes every rank's k-th message before any (k+1)-th, as the engine's
+ * ranks, running side by side, would, and what symmetric ranks do alike
+ * (ranks first would let rank 0's whole fan-out reserve the ports ahead of
+ * the others' first messages).
+ *
+ * With a symmetry (sim.h), only the representatives' steps are loaded: a
+ * message step's partner is the matching step of its peer's
+ * representative, found by moving both ranks with the permutation that
+ * takes the peer to it.
  */
 #include "select/sim.h"
 
@@ -18,10 +28,19 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "select/topo.h"
 
 #define NONE UINT32_MAX
+/* A symmetry check builds every rank when that is at most CHECK_ALL_STEPS
+ * steps and CHECK_ALL_RANKS ranks, else CHECK_SOME ranks of each class. */
+#define CHECK_ALL_STEPS ((size_t)4 << 20)
+#define CHECK_ALL_RANKS 2048
+#define CHECK_SOME 4
+
+/* How a rank maps onto its representative (rank % nrep). */
+enum { G_NONE, G_ROT, G_XOR };
 /* Dependents are indexed with uint32 offsets (at most 3 per step). */
 #define MAX_STEPS ((size_t)(UINT32_MAX / 4))
 
@@ -40,6 +59,7 @@ struct sstep {
     double bytes;
     double tpost;       /* when the step was posted, seconds */
     uint32_t partner;   /* message steps: the matched step (before matching: the peer rank) */
+    int32_t peer;       /* message steps: the peer rank (not its representative) */
     uint32_t next_link; /* the rank's next message step on the same link (peer, direction) */
     int32_t rank;
     uint8_t kind;
@@ -56,15 +76,17 @@ struct event {
 /* One prediction's state; lives for one weft_sim_predict call. */
 struct sim {
     const struct weft_sim_model *m;
-    int p;
+    int p;     /* ranks of the collective */
+    int nrep;  /* ranks run: p, or the representatives 0 .. nrep-1 */
+    int gkind; /* G_*; G_NONE when nrep == p */
     struct sstep *st;
     size_t n, cap;
     uint32_t *deps;    /* (n, 3) global ids of deps, NONE pads; freed after indexing */
-    size_t *rank_off;  /* (p + 1) first global id of each rank */
+    size_t *rank_off;  /* (nrep + 1) first global id of each rank run */
     uint32_t *dfirst;  /* (n + 1) CSR offsets of each step's dependents */
     uint32_t *dlist;   /* dependents */
-    double *sport, *rport, *cpu; /* (p) when each resource is free next, seconds */
-    double *busy;      /* (2p) bytes * beta each rank's send, then receive, port carried */
+    double *sport, *rport, *cpu; /* (nrep) when each resource is free next, seconds */
+    double *busy;      /* (2 nrep) bytes * beta each rank's send, then receive, port carried */
     double *core;      /* with cpu_group: when each core is free next, group by group */
     size_t *core_off;  /* (groups + 1) first core of each group */
     struct event *heap;
@@ -87,6 +109,32 @@ static double max2(double a, double b)
 static bool cost_ok(double x)
 {
     return isfinite(x) && x >= 0;
+}
+
+/* ---- symmetry ----------------------------------------------------------------- */
+
+/* The representative of rank q (q itself without a symmetry). */
+static int rep_of(const struct sim *s, int q)
+{
+    return q % s->nrep;
+}
+
+/* x moved by the permutation that takes rank q to its representative. */
+static int to_rep(const struct sim *s, int q, int x)
+{
+    int d = q - q % s->nrep;
+    if (s->gkind == G_XOR)
+        return x ^ d;
+    return x - d < 0 ? x - d + s->p : x - d;
+}
+
+/* x moved by the permutation that takes rank b's representative to b. */
+static int from_rep(const struct sim *s, int b, int x)
+{
+    int d = b - b % s->nrep;
+    if (s->gkind == G_XOR)
+        return x ^ d;
+    return x + d >= s->p ? x + d - s->p : x + d;
 }
 
 /* ---- loading ------------------------------------------------------------------ */
@@ -146,6 +194,7 @@ static weft_status_t add_rank(struct sim *s, int r, const struct weft_schedule *
         *x = (struct sstep){
             .bytes = (double)w->count * (double)s->m->esize,
             .partner = msg ? (uint32_t)w->peer : NONE,
+            .peer = msg ? w->peer : -1,
             .next_link = NONE,
             .rank = r,
             .kind = w->kind,
@@ -164,20 +213,64 @@ static weft_status_t add_rank(struct sim *s, int r, const struct weft_schedule *
     return WEFT_OK;
 }
 
-static weft_status_t load(struct sim *s, const struct weft_coll_desc *tmpl)
+static double seconds_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Builds rank r's schedule into sch. */
+static weft_status_t build(const struct weft_coll_desc *tmpl, int r, struct weft_schedule *sch)
+{
+    struct weft_coll_desc d = *tmpl;
+    d.rank = r;
+    return weft_sched_build(&d, sch);
+}
+
+/* Every rank's schedule, or (reps set) the representatives' already built.
+ * Without them, m->max_steps bounds the steps; once 64 ranks are in, a
+ * projection over 4 times the limit stops the building early. */
+static weft_status_t load(struct sim *s, const struct weft_coll_desc *tmpl,
+                          const struct weft_schedule *reps)
 {
     struct weft_schedule sch;
     weft_sched_init(&sch);
-    struct weft_coll_desc d = *tmpl;
+    size_t lim = s->m->max_steps;
+    double t0 = seconds_now();
     weft_status_t st = WEFT_OK;
-    for (int r = 0; r < s->p; r++) {
+    if (s->gkind != G_NONE)
+        shape_add(s, (uint64_t)s->gkind << 32 | (uint64_t)s->nrep);
+    for (int r = 0; r < s->nrep; r++) {
         s->rank_off[r] = s->n;
         shape_add(s, (uint64_t)r);
-        d.rank = r;
-        WEFT_CHECK_GOTO(weft_sched_build(&d, &sch), st, out);
+        if (reps) {
+            WEFT_CHECK_GOTO(add_rank(s, r, &reps[r]), st, out);
+            continue;
+        }
+        WEFT_CHECK_GOTO(build(tmpl, r, &sch), st, out);
         WEFT_CHECK_GOTO(add_rank(s, r, &sch), st, out);
+        double projected = (double)s->n / (r + 1) * s->p;
+        if (lim && (s->n > lim || (r >= 63 && projected > 4.0 * (double)lim))) {
+            st = weft_error(NULL, WEFT_ERR_UNSUPPORTED,
+                            "sim: %d ranks' schedules hold about %.3g steps, over the limit of "
+                            "%zu, and no symmetry lets fewer ranks stand for them",
+                            s->p, projected, lim);
+            goto out;
+        }
+        if (r == 63 && s->m->max_build_seconds > 0) {
+            double secs = (seconds_now() - t0) / 64 * s->p;
+            if (secs > s->m->max_build_seconds) {
+                st = weft_error(NULL, WEFT_ERR_UNSUPPORTED,
+                                "sim: building %d ranks' schedules would take about %.2g s, over "
+                                "the limit of %g s, and no symmetry lets fewer ranks stand for "
+                                "them",
+                                s->p, secs, s->m->max_build_seconds);
+                goto out;
+            }
+        }
     }
-    s->rank_off[s->p] = s->n;
+    s->rank_off[s->nrep] = s->n;
 out:
     weft_sched_free(&sch);
     return st;
@@ -220,20 +313,26 @@ static void peer_range(const uint64_t *k, size_t from, size_t to, int q, size_t 
     *hi = a;
 }
 
-/* Walks the groups of side A (keys per rank, grouped by peer) and counts
- * side B's matching group for each; pair != 0 also pairs them.  The first
+enum { W_COUNT, W_PAIR, W_CHECK };
+
+/* Walks the groups of side A (keys per rank run, grouped by peer) and
+ * counts side B's matching group for each: for peer q, the steps of q's
+ * representative with peer r moved as q is.  W_PAIR also pairs them;
+ * W_CHECK asks them to be paired so already, else *open is set.  The first
  * mismatch is an error. */
 static weft_status_t walk(struct sim *s, const uint64_t *ak, const size_t *aoff,
-                          const uint64_t *bk, const size_t *boff, bool a_sends, bool pair)
+                          const uint64_t *bk, const size_t *boff, bool a_sends, int mode,
+                          bool *open)
 {
-    for (int r = 0; r < s->p; r++) {
+    for (int r = 0; r < s->nrep; r++) {
         for (size_t i = aoff[r]; i < aoff[r + 1];) {
             int q = (int)(ak[i] >> 32);
             size_t j = i;
             while (j < aoff[r + 1] && (int)(ak[j] >> 32) == q)
                 j++;
             size_t lo, hi;
-            peer_range(bk, boff[q], boff[q + 1], r, &lo, &hi);
+            int c = rep_of(s, q);
+            peer_range(bk, boff[c], boff[c + 1], to_rep(s, q, r), &lo, &hi);
             if (hi - lo != j - i) {
                 size_t ns = a_sends ? j - i : hi - lo, nr = a_sends ? hi - lo : j - i;
                 return weft_error(NULL, WEFT_ERR_INVALID_ARG,
@@ -241,7 +340,10 @@ static weft_status_t walk(struct sim *s, const uint64_t *ak, const size_t *aoff,
                                   "receives from it",
                                   a_sends ? r : q, ns, a_sends ? q : r, nr);
             }
-            for (size_t k = 0; pair && k < j - i; k++) {
+            for (size_t k = 0; mode == W_CHECK && k < j - i; k++)
+                if (s->st[(uint32_t)ak[i + k]].partner != (uint32_t)bk[lo + k])
+                    *open = true;
+            for (size_t k = 0; mode == W_PAIR && k < j - i; k++) {
                 uint32_t a = (uint32_t)ak[i + k], b = (uint32_t)bk[lo + k];
                 if (s->st[a].bytes != s->st[b].bytes)
                     return weft_error(NULL, WEFT_ERR_INVALID_ARG,
@@ -258,8 +360,10 @@ static weft_status_t walk(struct sim *s, const uint64_t *ak, const size_t *aoff,
 }
 
 /* Chains each rank's messages per link (next_link) and pairs the k-th send
- * from A to B with the k-th receive on B from A. */
-static weft_status_t match(struct sim *s)
+ * from A to B with the k-th receive on B from A.  With a symmetry, *open
+ * is set when the pairing does not close (a receive's partner's partner
+ * is another receive): the group does not fit these schedules. */
+static weft_status_t match(struct sim *s, bool *open)
 {
     size_t nsend = 0, nrecv = 0;
     for (size_t g = 0; g < s->n; g++) {
@@ -269,14 +373,14 @@ static weft_status_t match(struct sim *s)
     weft_status_t st = WEFT_OK;
     uint64_t *sk = malloc((nsend ? nsend : 1) * sizeof(*sk));
     uint64_t *rk = malloc((nrecv ? nrecv : 1) * sizeof(*rk));
-    size_t *soff = malloc(((size_t)s->p + 1) * sizeof(*soff));
-    size_t *roff = malloc(((size_t)s->p + 1) * sizeof(*roff));
+    size_t *soff = malloc(((size_t)s->nrep + 1) * sizeof(*soff));
+    size_t *roff = malloc(((size_t)s->nrep + 1) * sizeof(*roff));
     if (!sk || !rk || !soff || !roff) {
         st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot index %zu messages", nsend + nrecv);
         goto out;
     }
     size_t ns = 0, nr = 0;
-    for (int r = 0; r < s->p; r++) {
+    for (int r = 0; r < s->nrep; r++) {
         soff[r] = ns;
         roff[r] = nr;
         for (size_t g = s->rank_off[r]; g < s->rank_off[r + 1]; g++) {
@@ -289,14 +393,14 @@ static weft_status_t match(struct sim *s)
         sort_keys(sk + soff[r], ns - soff[r]);
         sort_keys(rk + roff[r], nr - roff[r]);
     }
-    soff[s->p] = ns;
-    roff[s->p] = nr;
+    soff[s->nrep] = ns;
+    roff[s->nrep] = nr;
 
     /* Links: consecutive keys with one peer, within one rank's segment. */
     for (int side = 0; side < 2; side++) {
         const uint64_t *k = side ? rk : sk;
         const size_t *off = side ? roff : soff;
-        for (int r = 0; r < s->p; r++)
+        for (int r = 0; r < s->nrep; r++)
             for (size_t i = off[r] + 1; i < off[r + 1]; i++)
                 if (k[i] >> 32 == k[i - 1] >> 32) {
                     s->st[(uint32_t)k[i - 1]].next_link = (uint32_t)k[i];
@@ -304,12 +408,16 @@ static weft_status_t match(struct sim *s)
                 }
     }
 
-    WEFT_CHECK_GOTO(walk(s, sk, soff, rk, roff, true, true), st, out);
+    WEFT_CHECK_GOTO(walk(s, sk, soff, rk, roff, true, W_PAIR, open), st, out);
     /* Every send group matched a receive group of its size; receives are
      * all matched unless there are more of them: name who has extra. */
     if (nrecv != nsend) {
-        WEFT_CHECK_GOTO(walk(s, rk, roff, sk, soff, false, false), st, out);
-        st = weft_error(NULL, WEFT_ERR_INTERNAL, "sim: %zu sends, %zu receives", nsend, nrecv);
+        WEFT_CHECK_GOTO(walk(s, rk, roff, sk, soff, false, W_COUNT, open), st, out);
+        st = s->gkind != G_NONE ? (*open = true, WEFT_OK)
+                                : weft_error(NULL, WEFT_ERR_INTERNAL, "sim: %zu sends, %zu receives",
+                                             nsend, nrecv);
+    } else if (s->gkind != G_NONE) {
+        WEFT_CHECK_GOTO(walk(s, rk, roff, sk, soff, false, W_CHECK, open), st, out);
     }
 out:
     free(sk);
@@ -468,11 +576,11 @@ static weft_status_t transfer(struct sim *s, uint32_t snd, double t)
     uint32_t rcv = s->st[snd].partner;
     struct sstep *a = &s->st[snd], *b = &s->st[rcv];
     double alpha = NAN, beta = NAN;
-    s->m->link(s->m->ctx, a->rank, b->rank, &alpha, &beta);
+    s->m->link(s->m->ctx, a->rank, a->peer, &alpha, &beta);
     if (!cost_ok(alpha) || !cost_ok(beta))
         return weft_error(NULL, WEFT_ERR_INVALID_ARG,
                           "sim: the link %d -> %d costs alpha %g s, beta %g s/B (need finite, >= 0)",
-                          a->rank, b->rank, alpha, beta);
+                          a->rank, a->peer, alpha, beta);
     double start = max2(t, max2(s->sport[a->rank], s->rport[b->rank]));
     /* Within a machine a core copies the bytes. */
     double *core = s->core && s->m->cpu_group[a->rank] == s->m->cpu_group[b->rank]
@@ -482,9 +590,9 @@ static weft_status_t transfer(struct sim *s, uint32_t snd, double t)
         start = max2(start, *core);
     double end = start + alpha + a->bytes * beta;
     s->sport[a->rank] = s->rport[b->rank] = end;
-    if (!s->m->host || s->m->host[a->rank] != s->m->host[b->rank]) {
+    if (!s->m->host || s->m->host[a->rank] != s->m->host[a->peer]) {
         s->busy[a->rank] += a->bytes * beta;
-        s->busy[s->p + b->rank] += a->bytes * beta;
+        s->busy[s->nrep + b->rank] += a->bytes * beta;
     }
     if (core)
         *core = end;
@@ -561,11 +669,14 @@ static weft_status_t drain(struct sim *s, double t)
 
 static int cmp_issue(const void *a, const void *b, void *ctx)
 {
-    const struct sstep *st = ctx;
+    const struct sim *s = ctx;
     uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    double tx = st[x].tpost, ty = st[y].tpost;
+    double tx = s->st[x].tpost, ty = s->st[y].tpost;
     if (tx != ty)
         return tx < ty ? -1 : 1;
+    size_t kx = x - s->rank_off[s->st[x].rank], ky = y - s->rank_off[s->st[y].rank];
+    if (kx != ky)
+        return kx < ky ? -1 : 1;
     return (x > y) - (x < y);
 }
 
@@ -573,7 +684,7 @@ static int cmp_issue(const void *a, const void *b, void *ctx)
 static weft_status_t flush(struct sim *s, double t)
 {
     if (s->nready > 1)
-        qsort_r(s->ready, s->nready, sizeof(*s->ready), cmp_issue, s->st);
+        qsort_r(s->ready, s->nready, sizeof(*s->ready), cmp_issue, s);
     for (size_t i = 0; i < s->nready; i++)
         WEFT_CHECK(transfer(s, s->ready[i], t));
     s->nready = 0;
@@ -605,40 +716,33 @@ static weft_status_t run(struct sim *s)
     while (s->st[g].state == ST_DONE)
         g++;
     const struct sstep *x = &s->st[g];
-    int peer = x->kind == WEFT_STEP_COPY ? -1 : s->st[x->partner].rank;
+    int peer = x->kind == WEFT_STEP_COPY ? -1 : x->peer;
     return weft_error(NULL, WEFT_ERR_INVALID_ARG,
                       "sim: the schedules deadlock: rank %d step %zu (%s, peer %d) never completes",
                       x->rank, g - s->rank_off[x->rank], kinds[x->kind], peer);
 }
 
-weft_status_t weft_sim_run(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
-                           struct weft_sim_result *res)
+/* One run over nrep ranks (every rank, or the representatives of group
+ * gkind, whose schedules reps holds); *open: the group did not fit. */
+static weft_status_t simulate(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
+                              int nrep, int gkind, const struct weft_schedule *reps,
+                              struct weft_sim_result *res, bool *open)
 {
-    if (!tmpl || !m || !res)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "sim: %s is NULL",
-                          !tmpl ? "the collective" : !m ? "the model" : "the result");
-    if (tmpl->nranks < 1)
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "sim: nranks %d is below 1", tmpl->nranks);
-    if (!m->link || m->esize < 1 || !cost_ok(m->gamma) || !cost_ok(m->copy))
-        return weft_error(NULL, WEFT_ERR_INVALID_ARG,
-                          "sim: bad model (link %s, esize %zu, gamma %g s/B, copy %g s/B)",
-                          m->link ? "set" : "NULL", m->esize, m->gamma, m->copy);
-
-    struct sim s = {.m = m, .p = tmpl->nranks};
-    size_t p = (size_t)s.p;
+    struct sim s = {.m = m, .p = tmpl->nranks, .nrep = nrep, .gkind = gkind};
+    size_t n = (size_t)nrep;
     weft_status_t st = WEFT_OK;
-    s.rank_off = malloc((p + 1) * sizeof(*s.rank_off));
-    s.sport = calloc(p, sizeof(double));
-    s.rport = calloc(p, sizeof(double));
-    s.cpu = calloc(p, sizeof(double));
-    s.busy = calloc(2 * p, sizeof(double));
+    s.rank_off = malloc((n + 1) * sizeof(*s.rank_off));
+    s.sport = calloc(n, sizeof(double));
+    s.rport = calloc(n, sizeof(double));
+    s.cpu = calloc(n, sizeof(double));
+    s.busy = calloc(2 * n, sizeof(double));
     if (!s.rank_off || !s.sport || !s.rport || !s.cpu || !s.busy) {
-        st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot allocate state for %d ranks", s.p);
+        st = weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot allocate state for %d ranks", nrep);
         goto out;
     }
     if (m->cpu_group) {
         int groups = 0;
-        for (size_t r = 0; r < p; r++) {
+        for (size_t r = 0; r < n; r++) {
             if (m->cpu_group[r] < 0 || m->cpu_group[r] >= s.p) {
                 st = weft_error(NULL, WEFT_ERR_INVALID_ARG, "sim: rank %zu is in cpu group %d",
                                 r, m->cpu_group[r]);
@@ -667,15 +771,19 @@ weft_status_t weft_sim_run(const struct weft_coll_desc *tmpl, const struct weft_
             goto out;
         }
     }
-    WEFT_CHECK_GOTO(load(&s, tmpl), st, out);
-    WEFT_CHECK_GOTO(match(&s), st, out);
+    WEFT_CHECK_GOTO(load(&s, tmpl, reps), st, out);
+    WEFT_CHECK_GOTO(match(&s, open), st, out);
+    if (*open)
+        goto out;
     WEFT_CHECK_GOTO(index_deps(&s), st, out);
     WEFT_CHECK_GOTO(run(&s), st, out);
     res->seconds = s.finish;
     res->shape = s.shape;
     res->port_seconds = 0;
-    for (size_t i = 0; i < 2 * p; i++)
+    for (size_t i = 0; i < 2 * n; i++)
         res->port_seconds = max2(res->port_seconds, s.busy[i]);
+    res->ranks_run = nrep;
+    res->symmetry = gkind == G_ROT ? "rotation" : gkind == G_XOR ? "xor" : "none";
 out:
     free(s.core);
     free(s.core_off);
@@ -692,6 +800,147 @@ out:
     free(s.sport);
     free(s.rank_off);
     return st;
+}
+
+/* Whether got (rank b's schedule) is rep (its representative's) with every
+ * peer moved as the representative is moved to b. */
+static bool moved_same(const struct sim *g, int b, const struct weft_schedule *rep,
+                       const struct weft_schedule *got)
+{
+    if (rep->nsteps != got->nsteps)
+        return false;
+    for (size_t k = 0; k < rep->nsteps; k++) {
+        const struct weft_step *x = &rep->steps[k], *y = &got->steps[k];
+        if (x->kind != y->kind || x->count != y->count || x->deps[0] != y->deps[0] ||
+            x->deps[1] != y->deps[1] || x->deps[2] != y->deps[2])
+            return false;
+        if (x->kind != WEFT_STEP_COPY && y->peer != from_rep(g, b, x->peer))
+            return false;
+    }
+    return true;
+}
+/* splitmix64 of x: the pseudo-random members a sampled check looks at. */
+static uint64_t mix(uint64_t x)
+{
+    uint64_t z = x + 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Whether every rank's schedule is its representative's (reps, ranks
+ * 0 .. g->nrep-1) moved by group g->gkind; see sim.h for which ranks are
+ * built.  A failed build is an error (*st). */
+static bool group_fits(const struct sim *g, const struct weft_coll_desc *tmpl,
+                       const struct weft_schedule *reps, struct weft_schedule *tmp,
+                       weft_status_t *st)
+{
+    int orbit = g->p / g->nrep; /* ranks per class */
+    size_t steps = 0;
+    for (int a = 0; a < g->nrep; a++)
+        steps += reps[a].nsteps;
+    bool all = (double)steps * orbit <= (double)CHECK_ALL_STEPS && g->p <= CHECK_ALL_RANKS;
+    int pick[CHECK_SOME], npick = 0;
+    if (!all) {
+        /* The next rank of the orbit, the far side, the last, one more. */
+        pick[npick++] = 1;
+        pick[npick++] = orbit / 2;
+        pick[npick++] = orbit - 1;
+        pick[npick++] = 1 + (int)(mix((uint64_t)orbit) % (uint64_t)(orbit - 1));
+    }
+    for (int a = 0; a < g->nrep; a++)
+        for (int i = 0; i < (all ? orbit - 1 : npick); i++) {
+            int b = a + (all ? i + 1 : pick[i]) * g->nrep;
+            *st = build(tmpl, b, tmp);
+            if (*st != WEFT_OK || !moved_same(g, b, &reps[a], tmp))
+                return false;
+        }
+    return true;
+}
+
+static bool pow2(int x)
+{
+    return x > 0 && (x & (x - 1)) == 0;
+}
+
+/* Runs the representatives of the first group that fits (sim.h); *found
+ * is false when none does. */
+static weft_status_t run_symmetric(const struct weft_coll_desc *tmpl,
+                                   const struct weft_sim_model *m, struct weft_sim_result *res,
+                                   bool *found)
+{
+    int p = tmpl->nranks, ppn = m->sym_ppn < p ? m->sym_ppn : p;
+    *found = false;
+    if (p % ppn != 0)
+        return WEFT_OK;
+    bool one_level = ppn == p || ppn == 1;
+    const struct {
+        int unit, kind;
+        bool ok;
+    } cand[] = {
+        {1, G_XOR, pow2(p) && pow2(ppn)},
+        {1, G_ROT, one_level},
+        {ppn, G_XOR, !one_level && pow2(p) && pow2(ppn)},
+        {ppn, G_ROT, !one_level},
+    };
+    int ncand = (int)(sizeof(cand) / sizeof(cand[0]));
+    struct weft_schedule *reps = calloc((size_t)ppn, sizeof(*reps)), tmp;
+    if (!reps)
+        return weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot hold %d schedules", ppn);
+    weft_sched_init(&tmp);
+    for (int a = 0; a < ppn; a++)
+        weft_sched_init(&reps[a]);
+    int built = 0;
+    weft_status_t st = WEFT_OK;
+    for (int c = 0; c < ncand && !*found; c++) {
+        if (!cand[c].ok)
+            continue;
+        for (; built < cand[c].unit; built++)
+            WEFT_CHECK_GOTO(build(tmpl, built, &reps[built]), st, out);
+        struct sim g = {.m = m, .p = p, .nrep = cand[c].unit, .gkind = cand[c].kind};
+        if (!group_fits(&g, tmpl, reps, &tmp, &st)) {
+            if (st != WEFT_OK)
+                goto out;
+            continue;
+        }
+        bool open = false;
+        st = simulate(tmpl, m, g.nrep, g.gkind, reps, res, &open);
+        /* A group that fits the sampled ranks but does not close, or that
+         * meets an error, leaves it to the run of every rank. */
+        *found = st == WEFT_OK && !open;
+        st = WEFT_OK;
+    }
+out:
+    for (int a = 0; a < ppn; a++)
+        weft_sched_free(&reps[a]);
+    free(reps);
+    weft_sched_free(&tmp);
+    return st;
+}
+
+weft_status_t weft_sim_run(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
+                           struct weft_sim_result *res)
+{
+    if (!tmpl || !m || !res)
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "sim: %s is NULL",
+                          !tmpl ? "the collective" : !m ? "the model" : "the result");
+    if (tmpl->nranks < 1)
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG, "sim: nranks %d is below 1", tmpl->nranks);
+    if (!m->link || m->esize < 1 || !cost_ok(m->gamma) || !cost_ok(m->copy) || m->sym_ppn < 0 ||
+        !(m->max_build_seconds >= 0))
+        return weft_error(NULL, WEFT_ERR_INVALID_ARG,
+                          "sim: bad model (link %s, esize %zu, gamma %g s/B, copy %g s/B, "
+                          "sym_ppn %d, max_build_seconds %g)",
+                          m->link ? "set" : "NULL", m->esize, m->gamma, m->copy, m->sym_ppn,
+                          m->max_build_seconds);
+    if (m->sym_ppn > 0 && tmpl->nranks > 1 && !m->cpu_group && !m->host) {
+        bool found = false;
+        WEFT_CHECK(run_symmetric(tmpl, m, res, &found));
+        if (found)
+            return WEFT_OK;
+    }
+    bool open = false;
+    return simulate(tmpl, m, tmpl->nranks, G_NONE, NULL, res, &open);
 }
 
 weft_status_t weft_sim_predict(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
@@ -724,6 +973,7 @@ void weft_sim_two_level(struct weft_sim_model *m, const struct weft_sim_cluster 
 {
     m->link = two_level_link;
     m->ctx = c;
+    m->sym_ppn = c->ppn > 0 ? c->ppn : 0;
 }
 
 static void table_link(const void *ctx, int i, int j, double *alpha, double *beta)

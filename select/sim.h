@@ -34,6 +34,23 @@ struct weft_sim_model {
      * rank); only messages between two machines count towards
      * port_seconds. */
     const int *host;
+    /* The symmetry the link costs have (weft_sim_two_level sets it): when
+     * > 0, the cost of i -> j depends only on whether i / sym_ppn equals
+     * j / sym_ppn.  weft_sim_run then looks for a group of rank
+     * permutations that keeps both the costs and the schedules, and runs
+     * one rank per class (see there).  0: every rank is run. */
+    int sym_ppn;
+    /* Most steps a run of every rank may hold (0: as many as memory
+     * allows); a schedule over the limit is WEFT_ERR_UNSUPPORTED, found
+     * before most of it is built. */
+    size_t max_steps;
+    /* Most seconds building every rank's schedule may take (0: no limit),
+     * projected from the first 64 ranks: the builders loop over all ranks
+     * or rounds, so p ranks cost O(p^2) whatever the steps (8 s for a
+     * ring of 16,384 ranks).  Over it is WEFT_ERR_UNSUPPORTED; being a
+     * clock, it decides only whether a prediction is made, never its
+     * value. */
+    double max_build_seconds;
 };
 
 /* Predicted seconds for the collective tmpl describes (tmpl->rank is ignored:
@@ -49,7 +66,8 @@ struct weft_sim_model {
  *   taking alpha(i,j) + bytes * beta(i,j).  Each rank has one send port and
  *   one receive port (full duplex): a message waits until the sender's send
  *   port and the receiver's receive port are both free, and messages claim
- *   the ports in the order they became ready (ties: in issue order).
+ *   the ports in the order they became ready (ties: by post time, then
+ *   the send's place in its rank's schedule, then rank; sim.c says why).
  *   The send completes when the message has arrived (no buffering).
  * - A RECV_REDUCE then costs bytes * gamma of the receiving rank's CPU, a
  *   COPY bytes * copy (even one whose source and destination coincide);
@@ -62,8 +80,9 @@ struct weft_sim_model {
  * (nranks < 1, NULL model, a cost not finite or negative), a schedule
  * whose sends and receives do not match or that deadlocks; what
  * weft_sched_build returns; WEFT_ERR_NO_MEMORY.  *seconds is set only on
- * success.  Cost: O(S log S) time and at most about 60 bytes of memory per step
- * for S steps over all ranks. */
+ * success.  Cost: O(S log S) time and at most about 70 bytes of memory per step
+ * for S steps over the ranks run (weft_sim_run: all, or one per class),
+ * plus building every rank's schedule, or the few a symmetry checks. */
 weft_status_t weft_sim_predict(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
                                double *seconds) WEFT_HIDDEN;
 
@@ -85,10 +104,36 @@ struct weft_sim_result {
      * timing, one plan (a hierarchical schedule on one node is its
      * intra-node phase alone). */
     uint64_t shape;
+    /* Ranks actually run: nranks, or the classes' representatives. */
+    int ranks_run;
+    /* The permutations that stood in for the other ranks: "none",
+     * "rotation" (r -> r + k * ranks_run) or "xor" (r -> r ^ k * ranks_run). */
+    const char *symmetry;
 };
 
 /* weft_sim_predict, with the busiest port's load too.  Errors as there
- * (a NULL res: WEFT_ERR_INVALID_ARG); *res is set only on success. */
+ * (a NULL res: WEFT_ERR_INVALID_ARG); *res is set only on success.
+ *
+ * Symmetry (m->sym_ppn > 0, no cpu_group and no host): a group G of rank
+ * permutations acting freely, each keeping every link's cost, such that
+ * rank g(r)'s schedule is rank r's with every peer q replaced by g(q)
+ * (same kinds, counts and deps, step by step), makes every rank of an
+ * orbit run the same steps at the same times, so only one rank per orbit
+ * (0 .. ranks_run - 1) is run: a message to rank q meets the matching step
+ * of q's representative, a message from rank r the representative's port.
+ * The groups tried, fewest classes first: r ^ k and r + k (one class;
+ * xor needs a power-of-two rank count and node size, rotation one node or
+ * one rank a node), then r ^ k*sym_ppn and r + k*sym_ppn (sym_ppn classes).
+ * A group counts when every rank's schedule is the moved one: all ranks
+ * are built and compared when that costs at most a few million steps and
+ * 2048 ranks, else every representative against four ranks of its
+ * orbit (the next, the far side, the last and one pseudo-random).
+ * Dependencies count: rhd's ranks with more than one chunk a message keep
+ * different halves, so a send depends on another chunk of the stage
+ * before, and such ranks really run differently (up to 12% apart in
+ * test_sim when taken as one).  When no group fits, or the pairing of
+ * messages does not close under G, every rank is run.  With a group,
+ * shape hashes the representatives and the group. */
 weft_status_t weft_sim_run(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
                            struct weft_sim_result *res) WEFT_HIDDEN;
 
@@ -101,7 +146,8 @@ struct weft_sim_cluster {
 };
 
 /* Sets m->link and m->ctx to the cluster's (c is borrowed: it must outlive
- * every use of m); gamma, copy and esize are the caller's to set. */
+ * every use of m) and m->sym_ppn to c->ppn; gamma, copy and esize are the
+ * caller's to set. */
 void weft_sim_two_level(struct weft_sim_model *m, const struct weft_sim_cluster *c) WEFT_HIDDEN;
 
 /* Sets m->link and m->ctx to read costs from a link table (borrowed, as

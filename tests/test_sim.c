@@ -404,6 +404,9 @@ Test(weft_sim, argument_errors)
         {"-n 8 --nodes 3", "--nodes"},
         {"-n 8 --nodes 4 --ppn 4", "--nodes"},
         {"-n 8 --frobnicate 1", "--frobnicate"},
+        {"-n 8 --full --compare", "--compare"},
+        {"-n 8 --max-steps x", "--max-steps"},
+        {"-n 8 --max-build-s -1", "--max-build-s"},
         {"-n", "-n"},
     };
     char out[8192];
@@ -481,4 +484,196 @@ Test(sim, link_table_model)
     double t;
     cr_expect_eq(weft_sim_predict(&d, &mt, &t), WEFT_ERR_INVALID_ARG);
     weft_topo_table_fini(&tab);
+}
+
+/* ---- symmetry ------------------------------------------------------------------ */
+
+/* Seconds of one run, and how many ranks it ran, on a two-level cluster;
+ * sym false runs every rank. */
+static struct weft_sim_result run_two_level(const struct weft_sim_cluster *cl, bool sym,
+                                            const struct weft_coll_desc *d)
+{
+    struct weft_sim_model m = uniform_model();
+    weft_sim_two_level(&m, cl);
+    if (!sym)
+        m.sym_ppn = 0;
+    struct weft_sim_result r = {.seconds = -1};
+    weft_status_t st = weft_sim_run(d, &m, &r);
+    cr_assert_eq(st, WEFT_OK, "%s/%d %s p=%d count=%zu chunk=%zu: status %d (%s)",
+                 weft_algo_name(d->algo), d->variant, weft_coll_name(d->coll), d->nranks, d->count,
+                 d->chunk, st, weft_thread_last_error());
+    return r;
+}
+
+/* Every family, variant and collective, on 16, 64 and 256 ranks in nodes
+ * of 4 or 8 with links 10 times slower between nodes, at counts whose
+ * blocks are whole (where the symmetries hold) and at ragged ones (where
+ * they must not be taken): running one rank per class agrees with running
+ * every rank within 1%, and the busiest port's load exactly. */
+Test(sim, symmetric_runs_agree_with_every_rank, .timeout = 120)
+{
+    static const struct {
+        int p, ppn;
+    } shapes[] = {{16, 4}, {64, 8}, {256, 8}};
+    static const int coll_list[] = {WEFT_COLL_ALLREDUCE, WEFT_COLL_REDUCE_SCATTER,
+                                    WEFT_COLL_ALLGATHER, WEFT_COLL_BROADCAST, WEFT_COLL_REDUCE};
+    double worst = 0;
+    int nsym = 0, ncases = 0;
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        int p = shapes[si].p;
+        struct weft_sim_cluster cl = {.ppn = shapes[si].ppn, .intra_alpha = 0.7e-6,
+                                      .intra_beta = 1 / 150e9, .inter_alpha = 7e-6,
+                                      .inter_beta = 1 / 15e9};
+        int *node = malloc((size_t)p * sizeof(*node));
+        cr_assert_not_null(node);
+        for (int r = 0; r < p; r++)
+            node[r] = r / cl.ppn;
+        /* Per-block counts for allgather and reduce_scatter, per rank for
+         * the others: ragged, one chunk a block, four (not on 256 ranks:
+         * the run of every rank is what takes the time). */
+        const size_t chunk = 64;
+        size_t per_block[] = {3, chunk, 4 * chunk};
+        int ncounts = p >= 256 ? 2 : 3;
+        for (int algo = 0; algo < WEFT_ALGO_COUNT; algo++)
+            for (int var = 0; var < WEFT_VAR_COUNT; var++)
+                for (size_t ci = 0; ci < sizeof(coll_list) / sizeof(coll_list[0]); ci++) {
+                    int coll = coll_list[ci];
+                    if (!weft_algo_serves(algo, var, coll))
+                        continue;
+                    bool blocks = coll == WEFT_COLL_ALLGATHER || coll == WEFT_COLL_REDUCE_SCATTER;
+                    for (int k = 0; k < ncounts; k++) {
+                        size_t count = blocks ? per_block[k] : per_block[k] * (size_t)p;
+                        if (k == 0 && !blocks)
+                            count = (size_t)p * 5 + 3; /* ragged blocks */
+                        struct weft_coll_desc d = {
+                            .coll = coll, .nranks = p, .root = p / 2 + 1, .count = count,
+                            .chunk = chunk, .algo = algo, .variant = var, .node = node,
+                            .nnodes = p / cl.ppn,
+                        };
+                        struct weft_sim_result s = run_two_level(&cl, true, &d);
+                        struct weft_sim_result f = run_two_level(&cl, false, &d);
+                        cr_assert_eq(f.ranks_run, p);
+                        double gap = fabs(s.seconds - f.seconds) / f.seconds;
+                        cr_expect(gap <= 0.01,
+                                  "%s/%d %s p=%d count=%zu: %d ranks run (%s) %.9g s, every "
+                                  "rank %.9g s",
+                                  weft_algo_name(algo), var, weft_coll_name(coll), p, count,
+                                  s.ranks_run, s.symmetry, s.seconds, f.seconds);
+                        cr_expect_float_eq(s.port_seconds, f.port_seconds,
+                                           1e-9 * f.port_seconds + 1e-15);
+                        worst = fmax(worst, gap);
+                        ncases++;
+                        nsym += s.ranks_run < p;
+                        /* Whole blocks through the unrooted rings and
+                         * direct are symmetric, or the test proves little. */
+                        if ((algo == WEFT_ALGO_RING || algo == WEFT_ALGO_DIRECT) &&
+                            !weft_coll_rooted(coll) && k > 0)
+                            cr_expect_lt(s.ranks_run, p, "%s %s p=%d count=%zu: no symmetry",
+                                         weft_algo_name(algo), weft_coll_name(coll), p, count);
+                    }
+                }
+        free(node);
+    }
+    cr_log_info("symmetric vs every rank: %d runs, %d with a symmetry, largest gap %.4f%%",
+                ncases, nsym, worst * 100);
+}
+
+/* The classes are found only where they exist: a rooted chain, a double
+ * tree and ragged ring blocks run every rank; whole ring blocks on 2
+ * nodes run one rank per node slot, and on one node a single rank. */
+Test(sim, symmetry_is_found_where_it_holds)
+{
+    struct weft_sim_cluster two = {.ppn = 8, .intra_alpha = 1e-6, .intra_beta = 1e-10,
+                                   .inter_alpha = 5e-6, .inter_beta = 1e-9};
+    struct weft_sim_cluster one = two;
+    one.ppn = 16;
+    int node[16];
+    for (int r = 0; r < 16; r++)
+        node[r] = r / 8;
+    struct weft_coll_desc d = {.coll = WEFT_COLL_ALLREDUCE, .nranks = 16, .count = 16 * 100,
+                               .chunk = 100, .algo = WEFT_ALGO_RING, .node = node, .nnodes = 2};
+    /* On 2 nodes r ^ 8 is r + 8: the xor group is tried first. */
+    cr_expect_eq(run_two_level(&two, true, &d).ranks_run, 8);
+    cr_expect_eq(run_two_level(&one, true, &d).ranks_run, 1);
+    d.count = 16 * 100 + 1;
+    cr_expect_eq(run_two_level(&two, true, &d).ranks_run, 16, "ragged ring blocks");
+    d.count = 1600;
+    d.algo = WEFT_ALGO_TREE;
+    cr_expect_eq(run_two_level(&two, true, &d).ranks_run, 16, "double tree");
+    d.algo = WEFT_ALGO_RING;
+    d.coll = WEFT_COLL_BROADCAST;
+    cr_expect_eq(run_two_level(&two, true, &d).ranks_run, 16, "rooted chain");
+    d.coll = WEFT_COLL_ALLGATHER;
+    d.count = 100;
+    struct weft_sim_cluster four = two; /* 4 nodes of 4: r ^ 4 is no rotation */
+    four.ppn = 4;
+    struct weft_sim_result r = run_two_level(&four, true, &d);
+    cr_expect_eq(r.ranks_run, 4);
+    cr_expect_str_eq(r.symmetry, "rotation");
+    d.algo = WEFT_ALGO_RHD; /* one chunk a message: every rank keeps alike */
+    d.chunk = 1600;
+    r = run_two_level(&one, true, &d);
+    cr_expect_eq(r.ranks_run, 1);
+    cr_expect_str_eq(r.symmetry, "xor");
+}
+
+/* 4096 ranks on 512 nodes whose links cost the same inside and between:
+ * too many to compare every rank, so four ranks of each class are; the
+ * ring allreduce of 8 representatives is still the textbook formula. */
+Test(sim, sampled_symmetry_matches_the_formula, .timeout = 60)
+{
+    struct weft_sim_cluster cl = {.ppn = 8, .intra_alpha = U.alpha, .intra_beta = U.beta,
+                                  .inter_alpha = U.alpha, .inter_beta = U.beta};
+    int p = 4096;
+    size_t count = (size_t)p * 64;
+    struct weft_coll_desc d = {.coll = WEFT_COLL_ALLREDUCE, .nranks = p, .count = count,
+                               .chunk = count, .algo = WEFT_ALGO_RING};
+    struct weft_sim_result r = run_two_level(&cl, true, &d);
+    cr_expect_eq(r.ranks_run, 8);
+    double n = (double)(count * ESIZE);
+    expect(r.seconds,
+           2 * (p - 1) * U.alpha + 2 * (p - 1.0) / p * n * U.beta + (p - 1.0) / p * n * GAMMA,
+           "ring allreduce, one rank per class", p, (size_t)n);
+}
+
+/* The step limit refuses a run of every rank before building it all, and
+ * a symmetric one is not held to it. */
+Test(sim, step_limit)
+{
+    struct weft_sim_cluster cl = {.ppn = 4, .intra_alpha = 1e-6, .intra_beta = 1e-10,
+                                  .inter_alpha = 5e-6, .inter_beta = 1e-9};
+    struct weft_sim_model m = uniform_model();
+    weft_sim_two_level(&m, &cl);
+    m.max_steps = 1000;
+    struct weft_coll_desc d = {.coll = WEFT_COLL_ALLREDUCE, .nranks = 64, .count = 64 * 10,
+                               .chunk = 10, .algo = WEFT_ALGO_RING};
+    struct weft_sim_result r;
+    cr_expect_eq(weft_sim_run(&d, &m, &r), WEFT_OK, "%s", weft_thread_last_error());
+    cr_expect_eq(r.ranks_run, 4);
+    d.count += 1; /* ragged: every rank, 64 x 252 steps */
+    cr_expect_eq(weft_sim_run(&d, &m, &r), WEFT_ERR_UNSUPPORTED);
+    cr_expect(strstr(weft_thread_last_error(), "over the limit of 1000"), "%s",
+              weft_thread_last_error());
+    m.max_steps = 0;
+    cr_expect_eq(weft_sim_run(&d, &m, &r), WEFT_OK);
+    m.max_build_seconds = -1;
+    cr_expect_eq(weft_sim_run(&d, &m, &r), WEFT_ERR_INVALID_ARG);
+}
+
+/* weft-sim --compare: the p = 1024 comparison's tool, here on 32 ranks. */
+Test(weft_sim, compare_symmetric_with_every_rank)
+{
+    static char out[1 << 17];
+    int rc = weft_sim("--nodes 4 --ppn 8 -c allreduce -b 8 -e 4M --compare", out, sizeof(out));
+    cr_assert_eq(rc, 0, "exit %d:\n%s", rc, out);
+    const char *x = strstr(out, "# compare: ");
+    cr_assert_not_null(x, "%s", out);
+    size_t n = 0, nsym = 0;
+    double gap = -1;
+    cr_assert_eq(sscanf(x, "# compare: %zu predictions (%zu with a symmetry), largest gap %lf%%",
+                        &n, &nsym, &gap),
+                 3, "%s", x);
+    cr_expect_gt(nsym, 0, "%s", x);
+    cr_expect_gt(n, nsym, "%s", x);
+    cr_expect(gap >= 0 && gap <= 1, "%s", x);
 }

@@ -8,13 +8,22 @@
  *            [--inter-alpha-us A2 --inter-gbps B2] [--reduce-gbps G] [--copy-gbps C]
  *            [-c allreduce|reducescatter|allgather|broadcast|reduce|all] [-a ALGOS]
  *            [-b MIN -e MAX -f FACTOR] [--chunk BYTES] [--dtype-bytes E]
+ *            [--full | --compare] [--max-steps N] [--max-build-s S] [--max-chunks K]
  *
  * DESCRIPTION
  *   For each collective, prints a table of the predicted time (us) of every
  *   algorithm variant that serves it, at each size (nccl-tests sizes: bytes
  *   of the larger buffer of one rank), marks the fastest of each row with
  *   '*', then the crossovers: the sizes where the fastest variant changes,
- *   found by bisection (to the element) between table sizes.
+ *   found by bisection between table sizes: to the element, or, for the
+ *   collectives whose count is per rank (allreduce, broadcast, reduce)
+ *   above P elements, to a multiple of P elements, where every rank's
+ *   block is the same size and the schedules stay symmetric.
+ *
+ *   Ranks whose schedules are the same up to a rotation or xor of the
+ *   ranks that keeps the links' costs are simulated once (select/sim.h);
+ *   what has no such symmetry runs every rank, up to --max-steps steps
+ *   (beyond: n/a, with the reason under the table).
  *
  * OPTIONS
  *   -n P                ranks (default: K * M when both are given)
@@ -35,6 +44,18 @@
  *   -f FACTOR           size multiplier between rows, > 1 (4)
  *   --chunk BYTES       most bytes one step carries (WEFT_CHUNK_SIZE)
  *   --dtype-bytes E     bytes per element: 1, 2, 4 or 8 (4)
+ *   --max-chunks K      larger chunks where a count would have more than K
+ *                       (0: none, the engine's chunks); selection simulates
+ *                       with 16, coarser pipelines than the engine runs
+ *   --full              run every rank, no symmetry (the reference)
+ *   --compare           run both, and print the largest relative gap
+ *                       between them over every prediction made
+ *   --max-steps N       most steps a run of every rank may hold, K/M/G
+ *                       suffixes (4M: about 0.3 GB; 0: no limit)
+ *   --max-build-s S     above 2048 ranks, most seconds building every
+ *                       rank's schedule may take, projected from 64 ranks
+ *                       (1; 0: no limit): the builders cost O(P) a rank,
+ *                       so O(P^2) in all
  *   -h, --help          this text
  *
  * EXIT STATUS
@@ -58,6 +79,7 @@ static const char usage[] =
     "                [--inter-alpha-us A2 --inter-gbps B2] [--reduce-gbps G] [--copy-gbps C]\n"
     "                [-c allreduce|reducescatter|allgather|broadcast|reduce|all] [-a ALGOS]\n"
     "                [-b MIN -e MAX -f FACTOR] [--chunk BYTES] [--dtype-bytes E]\n"
+    "                [--full | --compare] [--max-steps N] [--max-build-s S] [--max-chunks K]\n"
     "Predicts each algorithm's time (us) per size and prints where the fastest changes.\n"
     "  -n P                 ranks (default K*M with --nodes and --ppn)\n"
     "  --nodes K --ppn M    K nodes of M ranks (default: one node)\n"
@@ -71,7 +93,12 @@ static const char usage[] =
     "                       one variant: rhd/doubling, tree/binomial, hier/rhd, ...\n"
     "  -b MIN -e MAX -f F   sizes in bytes (K/M/G suffixes; 8, 64M, x4)\n"
     "  --chunk BYTES        most bytes one step carries (WEFT_CHUNK_SIZE)\n"
-    "  --dtype-bytes E      bytes per element: 1, 2, 4, 8 (4)\n";
+    "  --dtype-bytes E      bytes per element: 1, 2, 4, 8 (4)\n"
+    "  --max-chunks K       chunks of at least count/K elements (0: the engine's; 16: selection's)\n"
+    "  --full               run every rank (no symmetry); --compare: both, and the gap\n"
+    "  --max-steps N        most steps a run of every rank may hold (4M; 0: none)\n"
+    "  --max-build-s S      above 2048 ranks, most seconds building every rank may\n"
+    "                       take (1; 0: none)\n";
 
 static const struct {
     const char *name;
@@ -89,10 +116,17 @@ struct opts {
     double alpha_us, gbps, inter_alpha_us, inter_gbps, reduce_gbps, copy_gbps;
     unsigned colls; /* bit i: colls[i] */
     bool sel[WEFT_ALGO_COUNT][WEFT_VAR_COUNT];
-    int64_t minb, maxb, chunk;
-    double factor;
+    int64_t minb, maxb, chunk, max_steps;
+    double factor, max_build_s;
     int esize;
+    int mode;       /* M_SYM, M_FULL or M_COMPARE */
+    int max_chunks; /* 0, or the most chunks of a count (--max-chunks) */
 };
+
+enum { M_SYM, M_FULL, M_COMPARE };
+
+/* Ranks above which --max-build-s applies. */
+#define BUILD_LIMIT_RANKS 2048
 
 /* Variant 0 is shown as the family alone. */
 static void display_name(int algo, int var, char *out, size_t len)
@@ -192,7 +226,7 @@ static void parse(int argc, char **argv, struct opts *o)
         .alpha_us = 0.5, .gbps = 10, .inter_alpha_us = 5, .inter_gbps = 3,
         .reduce_gbps = 10, .copy_gbps = 10, .colls = (1u << NCOLLS) - 1,
         .minb = 8, .maxb = 64 << 20, .factor = 4, .chunk = chunk > 0 ? chunk : 524288,
-        .esize = 4,
+        .esize = 4, .max_steps = 4 << 20, .max_build_s = 1.0,
     };
     parse_algos(o, "ring,tree,rhd,direct,hier");
     for (int i = 1; i < argc; i++) {
@@ -200,6 +234,12 @@ static void parse(int argc, char **argv, struct opts *o)
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             fputs(usage, stdout);
             exit(0);
+        }
+        if (strcmp(a, "--full") == 0 || strcmp(a, "--compare") == 0) {
+            if (o->mode != M_SYM)
+                bad(a, "--full and --compare are given together");
+            o->mode = a[2] == 'f' ? M_FULL : M_COMPARE;
+            continue;
         }
         /* Every other flag takes a value: "--flag V" or "--flag=V". */
         char flag[64];
@@ -246,6 +286,12 @@ static void parse(int argc, char **argv, struct opts *o)
                 bad(flag, "the size factor must be above 1, got '%s'", v);
         } else if (strcmp(flag, "--chunk") == 0)
             o->chunk = parse_bytes(flag, v);
+        else if (strcmp(flag, "--max-steps") == 0)
+            o->max_steps = strcmp(v, "0") == 0 ? 0 : parse_bytes(flag, v);
+        else if (strcmp(flag, "--max-chunks") == 0)
+            o->max_chunks = parse_int(flag, v, 0, 1 << 20);
+        else if (strcmp(flag, "--max-build-s") == 0)
+            o->max_build_s = parse_num(flag, v, true);
         else if (strcmp(flag, "--dtype-bytes") == 0) {
             o->esize = parse_int(flag, v, 1, 8);
             if (o->esize & (o->esize - 1))
@@ -287,7 +333,15 @@ struct ctx {
     int *node;
     int ncand;
     int cand[WEFT_ALGO_COUNT * WEFT_VAR_COUNT][2]; /* (algo, variant) */
+    char why[WEFT_ALGO_COUNT * WEFT_VAR_COUNT][320]; /* the first n/a's reason, per candidate */
 };
+
+/* What --compare found, over the whole run. */
+static struct {
+    double worst;   /* largest |symmetric - full| / full */
+    size_t n, nsym; /* predictions compared; of them, run with a symmetry */
+    char where[200];
+} cmp;
 
 /* Elements per rank (desc.count) for a row of size bytes. */
 static size_t count_of(const struct ctx *c, int64_t bytes)
@@ -306,26 +360,61 @@ static double bytes_of(const struct ctx *c, size_t count)
     return b;
 }
 
+/* One prediction: seconds, or NAN with the reason in c->why[k]. */
+static double predict_one(struct ctx *c, int k, const struct weft_coll_desc *d,
+                          const struct weft_sim_model *m, struct weft_sim_result *r)
+{
+    if (weft_sim_run(d, m, r) == WEFT_OK)
+        return r->seconds;
+    if (!c->why[k][0])
+        snprintf(c->why[k], sizeof(c->why[k]), "%s", weft_thread_last_error());
+    return NAN;
+}
+
 /* Predicted seconds of candidate k at count; NAN when it cannot be built. */
-static double predict(const struct ctx *c, int k, size_t count)
+static double predict(struct ctx *c, int k, size_t count)
 {
     size_t chunk = (size_t)c->o->chunk / (size_t)c->o->esize;
+    if (c->o->max_chunks > 0)
+        chunk = WEFT_MAX(chunk, count / (size_t)c->o->max_chunks); /* select/tune.c's rule */
     struct weft_coll_desc d = {
         .coll = c->coll, .nranks = c->o->n, .root = 0, .count = count,
         .chunk = chunk ? chunk : 1, .algo = c->cand[k][0], .variant = c->cand[k][1],
         .node = c->node, .nnodes = c->o->nodes,
     };
-    double t;
-    return weft_sim_predict(&d, &c->m, &t) == WEFT_OK ? t : NAN;
+    struct weft_sim_model full = c->m;
+    full.sym_ppn = 0;
+    struct weft_sim_result r;
+    if (c->o->mode == M_FULL)
+        return predict_one(c, k, &d, &full, &r);
+    double t = predict_one(c, k, &d, &c->m, &r);
+    if (c->o->mode != M_COMPARE || isnan(t))
+        return t;
+    struct weft_sim_result rf;
+    double tf = predict_one(c, k, &d, &full, &rf);
+    if (isnan(tf))
+        return t;
+    double gap = tf > 0 ? fabs(t - tf) / tf : fabs(t - tf);
+    cmp.n++;
+    cmp.nsym += r.ranks_run < c->o->n;
+    if (gap > cmp.worst || cmp.n == 1) {
+        char name[64];
+        display_name(c->cand[k][0], c->cand[k][1], name, sizeof(name));
+        cmp.worst = gap;
+        snprintf(cmp.where, sizeof(cmp.where),
+                 "%s %s count %zu (%s, %d ranks run): %.6g us, full %.6g us", name,
+                 weft_coll_name(c->coll), count, r.symmetry, r.ranks_run, t * 1e6, tf * 1e6);
+    }
+    return t;
 }
 
 /* Index of the fastest candidate (first among equals), -1 if none works;
  * t (ncand) gets every time. */
-static int fastest(const struct ctx *c, size_t count, double *t)
+static int fastest(struct ctx *c, size_t count, double *t, const bool *active)
 {
     int best = -1;
     for (int k = 0; k < c->ncand; k++) {
-        t[k] = predict(c, k, count);
+        t[k] = !active || active[k] ? predict(c, k, count) : NAN;
         if (!isnan(t[k]) && (best < 0 || t[k] < t[best]))
             best = k;
     }
@@ -340,18 +429,54 @@ static const char *cand_name(const struct ctx *c, int k, char *buf, size_t len)
     return buf;
 }
 
-/* Between counts lo (fastest wlo) and hi (fastest whi): every change of
- * the fastest, each found by bisection to the element. */
-static int crossovers(const struct ctx *c, const char *cname, size_t lo, int wlo, size_t hi,
-                      int whi, double *t)
+/* The step of the crossover search at count: P elements for a per-rank
+ * count at or above P (the schedules of uneven blocks have no symmetry),
+ * else one. */
+static size_t grain_at(const struct ctx *c, size_t count)
 {
+    size_t p = (size_t)c->o->n;
+    bool per_rank = c->coll != WEFT_COLL_ALLGATHER && c->coll != WEFT_COLL_REDUCE_SCATTER;
+    return per_rank && count >= p ? p : 1;
+}
+
+/* Between counts lo (fastest wlo) and hi (fastest whi): every change of
+ * the fastest, each found by bisection to the grain (grain_at).  tlo and
+ * thi are every candidate's times at lo and hi.  Taking a time never to
+ * fall as the size grows, a candidate slower at lo than the fastest at hi
+ * cannot be the fastest in between and is not run there. */
+static int crossovers(struct ctx *c, const char *cname, size_t lo, int wlo, size_t hi,
+                      int whi, const double *tlo, const double *thi, double *t)
+{
+    bool lo_na = wlo >= 0 && isnan(thi[wlo]), hi_na = whi >= 0 && isnan(tlo[whi]);
+    if (lo_na || hi_na) {
+        /* One of the two could not be simulated at one end: where they
+         * cross is not known. */
+        char n1[64], n2[64];
+        printf("# crossover %s: %s -> %s between %.0f and %.0f B (%s n/a at one end)\n", cname,
+               cand_name(c, wlo, n1, sizeof(n1)), cand_name(c, whi, n2, sizeof(n2)),
+               bytes_of(c, lo), bytes_of(c, hi), lo_na ? n1 : n2);
+        return 1;
+    }
+    /* Both are simulated at both ends from here on (wlo, whi >= 0). */
+    bool active[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
+    for (int k = 0; k < c->ncand; k++)
+        active[k] = !isnan(thi[k]) && !(tlo[k] > thi[whi]);
     int found = 0;
     while (wlo != whi && found < 16) {
         size_t a = lo, b = hi;
         int wb = whi;
-        while (b - a > 1) {
-            size_t mid = a + (b - a) / 2;
-            int w = fastest(c, mid, t);
+        while (b - a > grain_at(c, a)) {
+            size_t g = grain_at(c, a), mid = a + (b - a) / 2;
+            if (g > 1) {
+                /* A multiple of the grain strictly inside (a, b), if any. */
+                size_t m = (mid + g - 1) / g * g;
+                if (m >= b)
+                    m = mid / g * g;
+                if (m <= a)
+                    break;
+                mid = m;
+            }
+            int w = fastest(c, mid, t, active);
             if (w == wlo) {
                 a = mid;
             } else {
@@ -381,6 +506,10 @@ static int one_coll(const struct opts *o, size_t ci, int *node)
     c.m.gamma = 1 / (o->reduce_gbps * 1e9);
     c.m.copy = 1 / (o->copy_gbps * 1e9);
     c.m.esize = (size_t)o->esize;
+    c.m.max_steps = (size_t)o->max_steps;
+    /* A clock makes n/a depend on the machine's load: only where the
+     * builders' O(P^2) runs to seconds. */
+    c.m.max_build_seconds = o->n > BUILD_LIMIT_RANKS ? o->max_build_s : 0;
     for (int a = 0; a < WEFT_ALGO_COUNT; a++)
         for (int v = 0; v < WEFT_VAR_COUNT; v++)
             if (o->sel[a][v] && weft_algo_serves(a, v, c.coll)) {
@@ -393,13 +522,16 @@ static int one_coll(const struct opts *o, size_t ci, int *node)
     /* A variant that cannot build this rank count is named once and dropped. */
     char name[64];
     for (int k = 0; k < c.ncand;) {
-        if (!isnan(predict(&c, k, count_of(&c, o->minb)))) {
+        /* Over a limit at one end is n/a there, not the end of it. */
+        if (!isnan(predict(&c, k, count_of(&c, o->minb))) ||
+            !isnan(predict(&c, k, count_of(&c, o->maxb)))) {
+            c.why[k][0] = '\0';
             k++;
             continue;
         }
-        printf("# %s: not simulated: %s\n", cand_name(&c, k, name, sizeof(name)),
-               weft_thread_last_error());
+        printf("# %s: not simulated: %s\n", cand_name(&c, k, name, sizeof(name)), c.why[k]);
         memmove(c.cand[k], c.cand[k + 1], (size_t)(c.ncand - k - 1) * sizeof(c.cand[0]));
+        memmove(c.why[k], c.why[k + 1], (size_t)(c.ncand - k - 1) * sizeof(c.why[0]));
         c.ncand--;
     }
     if (c.ncand == 0) {
@@ -411,7 +543,8 @@ static int one_coll(const struct opts *o, size_t ci, int *node)
         printf(" %14s", cand_name(&c, k, name, sizeof(name)));
     printf("\n");
 
-    double t[WEFT_ALGO_COUNT * WEFT_VAR_COUNT];
+    enum { NC = WEFT_ALGO_COUNT * WEFT_VAR_COUNT };
+    double t[NC], *times = NULL; /* (rows, NC) */
     size_t nrows = 0, cap = 0, *counts = NULL;
     int *wins = NULL, nbuilt = 0;
     for (double sz = (double)o->minb; sz <= (double)o->maxb; sz *= o->factor) {
@@ -421,17 +554,23 @@ static int one_coll(const struct opts *o, size_t ci, int *node)
         if (nrows == cap) {
             cap = cap ? 2 * cap : 64;
             size_t *nc = realloc(counts, cap * sizeof(*nc));
+            if (nc)
+                counts = nc;
             int *nw = nc ? realloc(wins, cap * sizeof(*nw)) : NULL;
-            if (!nw) {
-                free(nc ? nc : counts);
+            if (nw)
+                wins = nw;
+            double *nt = nw ? realloc(times, cap * NC * sizeof(*nt)) : NULL;
+            if (!nt) {
+                free(counts);
                 free(wins);
+                free(times);
                 fprintf(stderr, "weft-sim: out of memory for %zu rows\n", cap);
                 return 1;
             }
-            counts = nc;
-            wins = nw;
+            times = nt;
         }
-        int w = fastest(&c, count, t);
+        int w = fastest(&c, count, t, NULL);
+        memcpy(&times[nrows * NC], t, sizeof(t));
         printf("  %12.0f %12zu", bytes_of(&c, count), count);
         for (int k = 0; k < c.ncand; k++) {
             if (isnan(t[k]))
@@ -453,13 +592,18 @@ static int one_coll(const struct opts *o, size_t ci, int *node)
     }
     for (size_t r = 1; r < nrows; r++)
         if (wins[r] != wins[r - 1])
-            found += crossovers(&c, cname, counts[r - 1], wins[r - 1], counts[r], wins[r], t);
+            found += crossovers(&c, cname, counts[r - 1], wins[r - 1], counts[r], wins[r],
+                                &times[(r - 1) * NC], &times[r * NC], t);
     if (found == 0)
         printf("# crossover %s: none (%s fastest at every size)\n", cname,
                cand_name(&c, wins[0], name, sizeof(name)));
+    for (int k = 0; k < c.ncand; k++)
+        if (c.why[k][0])
+            printf("# %s: n/a where %s\n", cand_name(&c, k, name, sizeof(name)), c.why[k]);
 out:
     free(counts);
     free(wins);
+    free(times);
     return rc;
 }
 
@@ -483,6 +627,9 @@ int main(int argc, char **argv)
     for (size_t ci = 0; ci < NCOLLS; ci++)
         if (o.colls & 1u << ci)
             rc |= one_coll(&o, ci, node);
+    if (o.mode == M_COMPARE)
+        printf("# compare: %zu predictions (%zu with a symmetry), largest gap %.4f%%%s%s\n",
+               cmp.n, cmp.nsym, cmp.worst * 100, cmp.n ? ": " : "", cmp.where);
     free(node);
     return rc;
 }
