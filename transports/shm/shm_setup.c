@@ -57,11 +57,14 @@ static size_t ring_hdr_size(const struct shm_ctx *ctx, uint32_t nslots)
  * fits max_bytes: slots down to SHM_MIN_SLOT_BYTES first, then fewer of
  * them, down to 2.  Every page of the segment is allocated, mapped and
  * touched at init, here and in the peer that sends into it (~10 us a page
- * altogether, MEASURED.md), so without a bound the host's work and memory
- * grow with the square of its ranks: 64 ranks took 8 GiB and 33 s.  Slots
- * of 64 KiB moved as fast as 256 KiB through the ring (MEASURED.md), so the
- * default bound costs nothing measured up to ~64 ranks, and leaves 16 ranks
- * with the full rings.  The least ring (2 slots) may still pass the bound.
+ * altogether here: fallocate 3, MAP_POPULATE 3-5, the peer's 1.5-4), so
+ * without a bound the host's work and memory grow with the square of its
+ * ranks: 64 ranks took 8 GiB and 33 s.  Touching less would not help much:
+ * fallocate allocates every page anyway, and the first calls would fault.
+ * Slots of 64 KiB move as fast as 256 KiB through the ring (MEASURED.md),
+ * so the default bound costs nothing measured up to ~64 ranks (60 KiB) and
+ * leaves 16 ranks the full rings; 128 ranks get 24 KiB, ~25% slower point
+ * to point.  The least ring (2 slots) may still pass the bound.
  */
 static void ring_fit(struct shm_ctx *ctx, size_t max_bytes)
 {
