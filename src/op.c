@@ -8,14 +8,69 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "engine_impl.h"
 #include "transports/transport.h"
 #include "select/tune.h"
 
+/* The staging slots of all ranks of a host together, unless
+ * WEFT_STAGING_SLOTS is set: 32 ranks keep the default 16 slots of 512
+ * KiB, 256 ranks get 2 each (256 MiB in all, not 2 GiB touched at init). */
+#define STAGING_HOST_BYTES ((size_t)256 << 20)
+
 struct weft_comm *weft_op_comm(struct weft_op *op)
 {
     return op->comm;
+}
+
+/* Address space for every staging slot, not touched yet: how many are
+ * used, and touched, waits for weft_engine_tune to know the host's ranks. */
+static char *staging_reserve(size_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    /* A fault costs ~13 us per 4 KiB page here, ~0.33 us as part of a
+     * huge page (MEASURED.md). */
+    madvise(p, bytes, MADV_HUGEPAGE);
+    return p;
+}
+
+/* Uses (and touches, so that the first calls pay no page faults) as many
+ * staging slots as the host's share allows: see STAGING_HOST_BYTES.  Only
+ * while no op holds a slot, i.e. at init. */
+static void staging_fit(struct weft_engine *eng, int local_ranks)
+{
+    if (eng->nfree_slots != eng->nslots)
+        return;
+    size_t share = STAGING_HOST_BYTES / (size_t)WEFT_MAX(local_ranks, 1) / eng->chunk_bytes;
+    /* Two slots: one op alone needs one, a second op in flight one more. */
+    int used = eng->nslots;
+    if (weft_param_source("WEFT_STAGING_SLOTS") == NULL)
+        used = (int)WEFT_MIN((size_t)eng->nslots, WEFT_MAX(share, (size_t)2));
+    eng->nfree_slots = used;
+    memset(eng->staging, 0, (size_t)used * eng->chunk_bytes);
+}
+
+/* How a wait spins (weft_engine_spin), for local_ranks on this host. */
+static void engine_spin(struct weft_engine *eng, int local_ranks)
+{
+    int64_t spin = weft_param_int("WEFT_SPIN_US");
+    cpu_set_t set;
+    int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    /* With more ranks than cores the rank we wait for may need our core:
+     * spin, but give the core away on every turn (sched_yield).  Measured
+     * 4 ranks on 2 cores, 8 B allreduce: 62 us sleeping in poll at once,
+     * 230 us spinning 40 us without yielding, 36 us spinning 1 ms with
+     * yields.  With a core each, spin for much longer than a sleeping
+     * peer takes to wake (futex, waker thread, poll: ~50 us here): with a
+     * 40 us spin two ranks woke each other in turn at 50-150 us a call,
+     * for whole runs, where spinning through costs 1.5 us. */
+    eng->yield = local_ranks > cores;
+    if (spin < 0)
+        spin = 1000;
+    eng->spin_us = (int)WEFT_MIN(spin, 1000000);
 }
 
 weft_status_t weft_engine_create(struct weft_comm *comm, struct weft_engine **out)
@@ -32,10 +87,10 @@ weft_status_t weft_engine_create(struct weft_comm *comm, struct weft_engine **ou
     eng->chunk_bytes = (size_t)WEFT_MAX(WEFT_MIN(chunk, (int64_t)1 << 30), 64);
     eng->chunk_bytes &= ~(size_t)7; /* whole elements of every dtype */
     eng->nslots = (int)WEFT_MAX(WEFT_MIN(slots, 1024), 1);
-    weft_engine_tune(eng, 1);
+    engine_spin(eng, 1);
     eng->stamp = calloc(2 * (size_t)comm->nranks, sizeof(uint32_t));
     eng->free_slots = calloc((size_t)eng->nslots, sizeof(int32_t));
-    eng->staging = weft_buf_alloc((size_t)eng->nslots * eng->chunk_bytes);
+    eng->staging = staging_reserve((size_t)eng->nslots * eng->chunk_bytes);
     if (eng->stamp == NULL || eng->free_slots == NULL || eng->staging == NULL) {
         weft_engine_destroy(eng);
         return weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "cannot allocate %d staging slots of %zu bytes",
@@ -59,21 +114,8 @@ weft_status_t weft_engine_create(struct weft_comm *comm, struct weft_engine **ou
 
 void weft_engine_tune(struct weft_engine *eng, int local_ranks)
 {
-    int64_t spin = weft_param_int("WEFT_SPIN_US");
-    cpu_set_t set;
-    int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-    /* With more ranks than cores the rank we wait for may need our core:
-     * spin, but give the core away on every turn (sched_yield).  Measured
-     * 4 ranks on 2 cores, 8 B allreduce: 62 us sleeping in poll at once,
-     * 230 us spinning 40 us without yielding, 36 us spinning 1 ms with
-     * yields.  With a core each, spin for much longer than a sleeping
-     * peer takes to wake (futex, waker thread, poll: ~50 us here): with a
-     * 40 us spin two ranks woke each other in turn at 50-150 us a call,
-     * for whole runs, where spinning through costs 1.5 us. */
-    eng->yield = local_ranks > cores;
-    if (spin < 0)
-        spin = 1000;
-    eng->spin_us = (int)WEFT_MIN(spin, 1000000);
+    engine_spin(eng, local_ranks);
+    staging_fit(eng, local_ranks);
 }
 
 void weft_engine_spin(const struct weft_engine *eng, uint64_t *spin_ns, bool *yield)

@@ -24,6 +24,7 @@
 
 #include "algorithms/schedule.h" /* enum weft_algo */
 #include "comm.h"                /* comm->algos: what WEFT_ALGO allowed */
+#include "engine_impl.h"         /* the engine's staging slots */
 #include "harness.h"
 #include "select/tune.h"
 #include "tc_job.h"
@@ -892,4 +893,58 @@ Test(algo, rd_small_socket_buffers, .timeout = 100)
     setenv("WEFT_SOCKET_BUFSIZE", "65536", 1);
     setenv("WEFT_TIMEOUT_MS", "10000", 1);
     run_job(2, 60, "rhd/doubling", -1, "rdbig");
+}
+
+/* ---- staging slots and the host's ranks ---------------------------------------- */
+
+/* What a 2-rank job's engines should use: before, and after being told
+ * that `local` ranks share the host. */
+struct staging_case {
+    int local, before, after;
+};
+
+/* Checks the slots in use, then a reduction of 24 chunks through them. */
+static int staging_body(weft_comm_t comm, int rank, int nranks, void *arg)
+{
+    const struct staging_case *k = arg;
+    struct weft_engine *eng = comm->eng;
+    if (eng->nfree_slots != k->before)
+        return weft_test_fail(rank, "%d staging slots in use, not %d", eng->nfree_slots,
+                              k->before);
+    weft_engine_tune(eng, k->local);
+    if (eng->nfree_slots != k->after)
+        return weft_test_fail(rank, "%d ranks on the host: %d staging slots, not %d", k->local,
+                              eng->nfree_slots, k->after);
+    size_t n = 24 * eng->chunk_bytes / sizeof(int32_t);
+    int32_t *x = malloc(n * sizeof(*x)), *y = malloc(n * sizeof(*y));
+    int bad = x == NULL || y == NULL;
+    for (size_t i = 0; !bad && i < n; i++)
+        x[i] = (int32_t)(i % 1000) + rank;
+    if (!bad && weft_allreduce(x, y, n, WEFT_INT32, WEFT_SUM, comm) != WEFT_OK)
+        bad = weft_test_fail(rank, "allreduce: %s", weft_last_error(comm));
+    for (size_t i = 0; !bad && i < n; i++)
+        if (y[i] != (int32_t)(nranks * (i % 1000)) + nranks * (nranks - 1) / 2)
+            bad = weft_test_fail(rank, "element %zu: %d", i, y[i]);
+    if (!bad && eng->nfree_slots != k->after)
+        bad = weft_test_fail(rank, "%d staging slots free after the call", eng->nfree_slots);
+    free(x);
+    free(y);
+    return bad;
+}
+
+/* 256 MiB of staging for the host's ranks together: 64 ranks use 8 of the
+ * 16 slots of 512 KiB. */
+Test(staging, slots_shrink_with_the_hosts_ranks, .timeout = 60)
+{
+    unsetenv("WEFT_STAGING_SLOTS");
+    struct staging_case k = {64, 16, 8};
+    cr_expect_eq(weft_test_run(2, 50, staging_body, &k), 0);
+}
+
+/* WEFT_STAGING_SLOTS set: every slot, however many ranks share the host. */
+Test(staging, slots_as_set_whatever_the_ranks, .timeout = 60)
+{
+    setenv("WEFT_STAGING_SLOTS", "4", 1);
+    struct staging_case k = {1024, 4, 4};
+    cr_expect_eq(weft_test_run(2, 50, staging_body, &k), 0);
 }

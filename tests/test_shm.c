@@ -411,6 +411,86 @@ Test(shm, param_cma_min_negative, .timeout = 30)
     expect_bad_param("WEFT_SHM_CMA_MIN", "-1");
 }
 
+Test(shm, param_max_bytes_negative, .timeout = 30)
+{
+    expect_bad_param("WEFT_SHM_MAX_BYTES", "-1");
+}
+
+/* ---- the segment's bound (WEFT_SHM_MAX_BYTES) ------------------------------------------- */
+
+/* Rank 0's rings in a job of nranks on this host, by the context's
+ * geometry and by the segment's size in the folder. */
+static void solo_geometry(int nranks, uint32_t *nslots, size_t *slot_bytes, size_t *seg_bytes)
+{
+    void *vctx = NULL;
+    cr_assert_eq(solo_init(nranks, fresh_job(), &vctx), WEFT_OK, "%s", weft_thread_last_error());
+    struct shm_ctx *ctx = vctx;
+    *nslots = ctx->nslots;
+    *slot_bytes = ctx->slot_bytes;
+    *seg_bytes = ctx->seg_bytes;
+    cr_expect_eq(ctx->seg->seg_bytes, ctx->seg_bytes);
+    cr_expect_eq(ctx->seg->nslots, ctx->nslots, "the header tells peers another geometry");
+    cr_expect_eq(ctx->seg->slot_bytes, ctx->slot_bytes);
+    T->finalize(vctx);
+}
+
+/* A ring's header (descriptors, short-message slots) for the default
+ * WEFT_SHM_LL_BYTES, as the transport rounds it. */
+static size_t ring_hdr(uint32_t nslots)
+{
+    size_t b = shm_ll_off(nslots) + 2 * shm_ll_slot(SHM_DEFAULT_LL_BYTES);
+    return (b + 4095) / 4096 * 4096;
+}
+
+/* 16 ranks keep the full rings; 65 get slots as large as fit 32 MiB. */
+Test(shm, rings_shrink_to_the_default_bound, .timeout = 60)
+{
+    uint32_t n;
+    size_t slot, seg;
+    solo_geometry(16, &n, &slot, &seg);
+    cr_expect(n == 8 && slot == SLOT, "16 ranks: %u x %zu", n, slot);
+    cr_expect_eq(seg, 4096 + 15 * (ring_hdr(8) + 8 * (size_t)SLOT));
+    solo_geometry(65, &n, &slot, &seg);
+    size_t per_ring = (SHM_DEFAULT_MAX_BYTES - 4096) / 64;
+    cr_expect_eq(n, 8u);
+    cr_expect(slot % 4096 == 0 && slot >= SHM_MIN_SLOT_BYTES && slot < SLOT, "slot %zu", slot);
+    cr_expect_leq(ring_hdr(8) + 8 * slot, per_ring, "8 x %zu bytes pass the bound", slot);
+    cr_expect_gt(ring_hdr(8) + 8 * (slot + 4096), per_ring, "slots of %zu bytes: too small", slot);
+    cr_expect_leq(seg, (size_t)SHM_DEFAULT_MAX_BYTES);
+    cr_expect_eq(seg, 4096 + 64 * (ring_hdr(8) + 8 * slot));
+}
+
+/* Below the least slot size, fewer slots; the least ring (2 slots of 16
+ * KiB) even when it passes the bound; 0: no bound. */
+Test(shm, rings_shrink_to_a_small_bound, .timeout = 60)
+{
+    uint32_t n;
+    size_t slot, seg;
+    setenv("WEFT_SHM_MAX_BYTES", "256K", 1);
+    solo_geometry(4, &n, &slot, &seg); /* 3 rings of 84 KiB: 36 KiB of header, 3 slots */
+    cr_expect(n == 3 && slot == SHM_MIN_SLOT_BYTES, "%u x %zu", n, slot);
+    cr_expect_leq(seg, (size_t)256 << 10);
+    setenv("WEFT_SHM_MAX_BYTES", "1", 1);
+    solo_geometry(4, &n, &slot, &seg);
+    cr_expect(n == 2 && slot == SHM_MIN_SLOT_BYTES, "%u x %zu", n, slot);
+    setenv("WEFT_SHM_MAX_BYTES", "0", 1);
+    solo_geometry(65, &n, &slot, &seg);
+    cr_expect(n == 8 && slot == SLOT, "no bound: %u x %zu", n, slot);
+}
+
+/* Rings shrunk by the bound carry everything, between real processes. */
+Test(shm, all_to_all_through_shrunk_rings, .timeout = 120)
+{
+    setenv("WEFT_SHM_MAX_BYTES", "256K", 1);
+    run_cma(4, "0", sc_all_to_all);
+}
+
+Test(shm, pingpong_sizes_through_a_shrunk_ring, .timeout = 120)
+{
+    setenv("WEFT_SHM_MAX_BYTES", "64K", 1); /* 1 ring: 2 slots of 16 KiB */
+    run_cma(2, "0", sc_pingpong_ring);
+}
+
 /* A segment of our name left by a crashed run of the same job is replaced;
  * one of a live process is an error. */
 Test(shm, stale_segment_of_the_same_job, .timeout = 30)

@@ -31,6 +31,8 @@
  * them; see shm_setup.c for WEFT_SHM_CMA_MIN's default and why). */
 #define SHM_DEFAULT_SLOTS 8
 #define SHM_DEFAULT_SLOT_BYTES (256u << 10)
+#define SHM_DEFAULT_MAX_BYTES (32u << 20) /* a rank's segment; see ring_fit() */
+#define SHM_MIN_SLOT_BYTES (16u << 10)    /* ring_fit() shrinks slots no further */
 #define SHM_DEFAULT_LL_BYTES 16384
 #define SHM_LL_MAX (1u << 20)
 #define SHM_DEFAULT_DIR "/dev/shm"

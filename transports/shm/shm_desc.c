@@ -13,6 +13,7 @@
 static const struct weft_param_desc shm_params[] = {
     {"WEFT_SHM_SLOTS", "int", "8", "slots per shared-memory ring (one ring per peer), 1..1024", NULL},
     {"WEFT_SHM_SLOT_BYTES", "int", "262144", "bytes per shared-memory slot, rounded up to a page; messages move in slot-sized chunks", NULL},
+    {"WEFT_SHM_MAX_BYTES", "int", "33554432", "most bytes of a rank's shared-memory segment (its rings from the other ranks of the host, allocated and touched at init): with many ranks on a host the slots shrink to 16 KiB, then fewer of them, down to 2; 0: no bound", NULL},
     {"WEFT_SHM_CMA_MIN", "int", "0", "messages at least this long are pulled with process_vm_readv instead of the ring (0: never; the ring measured faster here)", NULL},
     {"WEFT_SHM_LL_BYTES", "int", "16384", "largest message of the one-exchange path for small collectives among ranks all on shared memory (data and flag in one cache line up to 48 bytes; 0: off), 0..1048576", NULL},
     {"WEFT_SHM_DIR", "str", "/dev/shm", "folder for shared-memory segments (shm_open in /dev/shm, open() elsewhere)", NULL},

@@ -45,6 +45,50 @@ static size_t round_up(size_t v, size_t a)
     return (v + a - 1) / a * a;
 }
 
+/* Bytes of a ring's header: slot descriptors and the two short-message
+ * slots, rounded up to a page. */
+static size_t ring_hdr_size(const struct shm_ctx *ctx, uint32_t nslots)
+{
+    return round_up(shm_ll_off(nslots) + 2 * shm_ll_slot(ctx->ll_bytes), ctx->page);
+}
+
+/*
+ * Shrinks the rings so that the segment (a ring per other rank of the host)
+ * fits max_bytes: slots down to SHM_MIN_SLOT_BYTES first, then fewer of
+ * them, down to 2.  Every page of the segment is allocated, mapped and
+ * touched at init, here and in the peer that sends into it (~10 us a page
+ * altogether here: fallocate 3, MAP_POPULATE 3-5, the peer's 1.5-4), so
+ * without a bound the host's work and memory grow with the square of its
+ * ranks: 64 ranks took 8 GiB and 33 s.  Touching less would not help much:
+ * fallocate allocates every page anyway, and the first calls would fault.
+ * Slots of 64 KiB move as fast as 256 KiB through the ring (MEASURED.md),
+ * so the default bound costs nothing measured up to ~64 ranks (60 KiB) and
+ * leaves 16 ranks the full rings; 128 ranks get 24 KiB, ~25% slower point
+ * to point.  The least ring (2 slots) may still pass the bound.
+ */
+static void ring_fit(struct shm_ctx *ctx, size_t max_bytes)
+{
+    size_t rings = (size_t)ctx->ngroup - 1;
+    size_t hdr = round_up(sizeof(struct shm_seg), ctx->page);
+    if (max_bytes == 0 || rings == 0)
+        return;
+    size_t per_ring = max_bytes > hdr ? (max_bytes - hdr) / rings : 0;
+    size_t floor = WEFT_MIN(ctx->slot_bytes, round_up(SHM_MIN_SLOT_BYTES, ctx->page));
+    uint32_t least = WEFT_MIN(ctx->nslots, 2u);
+    for (;;) {
+        size_t rh = ring_hdr_size(ctx, ctx->nslots);
+        size_t data = per_ring > rh ? per_ring - rh : 0;
+        if (ctx->nslots * ctx->slot_bytes <= data)
+            return;
+        if (ctx->slot_bytes > floor)
+            ctx->slot_bytes = WEFT_MAX(floor, data / ctx->nslots / ctx->page * ctx->page);
+        else if (ctx->nslots > least)
+            ctx->nslots = (uint32_t)WEFT_MAX(least, WEFT_MIN(ctx->nslots - 1, data / floor));
+        else
+            return;
+    }
+}
+
 /* Position of rank r in the group (every rank when there is no group
  * list), or -1 when it is not in it. */
 static int group_pos(const struct shm_ctx *ctx, int r)
@@ -144,7 +188,7 @@ static weft_status_t seg_error(struct shm_ctx *ctx, int fd, const char *dir, con
         return weft_error(ctx->err, WEFT_ERR_SYSTEM,
                           "rank %d: cannot create the shared-memory segment %s: %s is full "
                           "(%llu bytes free, %zu needed for %d ring%s of %u slots x %zu bytes; "
-                          "see WEFT_SHM_SLOTS and WEFT_SHM_SLOT_BYTES)",
+                          "see WEFT_SHM_MAX_BYTES, WEFT_SHM_SLOTS and WEFT_SHM_SLOT_BYTES)",
                           ctx->rank, ctx->name, dir, avail, ctx->seg_bytes, ctx->ngroup - 1,
                           ctx->ngroup == 2 ? "" : "s", ctx->nslots, ctx->slot_bytes);
     }
@@ -226,12 +270,14 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
         return weft_error_quiet(args->err, WEFT_ERR_INVALID_ARG,
                                 "shm init: address buffer of %zu bytes, %zu needed", *addrlen,
                                 sizeof(struct shm_addr));
-    int64_t nslots, slot_bytes, cma_min, ll_bytes;
+    int64_t nslots, slot_bytes, cma_min, ll_bytes, max_bytes;
     WEFT_CHECK(env_size(args, "WEFT_SHM_SLOTS", SHM_DEFAULT_SLOTS, 1, 1024, &nslots));
     WEFT_CHECK(env_size(args, "WEFT_SHM_SLOT_BYTES", SHM_DEFAULT_SLOT_BYTES, 4096, 1 << 30,
                         &slot_bytes));
     WEFT_CHECK(env_size(args, "WEFT_SHM_CMA_MIN", SHM_DEFAULT_CMA_MIN, 0, INT64_MAX, &cma_min));
     WEFT_CHECK(env_size(args, "WEFT_SHM_LL_BYTES", SHM_DEFAULT_LL_BYTES, 0, SHM_LL_MAX, &ll_bytes));
+    WEFT_CHECK(env_size(args, "WEFT_SHM_MAX_BYTES", SHM_DEFAULT_MAX_BYTES, 0, INT64_MAX,
+                        &max_bytes));
     const char *dir = getenv("WEFT_SHM_DIR");
     if (dir == NULL || *dir == '\0')
         dir = SHM_DEFAULT_DIR;
@@ -262,8 +308,8 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
     ctx->slot_bytes = round_up((size_t)slot_bytes, ctx->page);
     ctx->cma_min = (size_t)cma_min;
     ctx->ll_bytes = (size_t)ll_bytes;
-    ctx->ring_hdr_bytes = round_up(shm_ll_off(ctx->nslots) + 2 * shm_ll_slot(ctx->ll_bytes),
-                                   ctx->page);
+    ring_fit(ctx, (size_t)max_bytes);
+    ctx->ring_hdr_bytes = ring_hdr_size(ctx, ctx->nslots);
     ctx->ring_bytes = ctx->ring_hdr_bytes + ctx->nslots * ctx->slot_bytes;
     size_t hdr = round_up(sizeof(struct shm_seg), ctx->page);
     if ((size_t)(ctx->ngroup - 1) > (SIZE_MAX / 2 - hdr) / ctx->ring_bytes) {
@@ -306,9 +352,12 @@ weft_status_t shm_init(const struct weft_transport_init *args, void **vctx, void
     *addrlen = sizeof(a);
     *vctx = ctx;
     WEFT_INFO(WEFT_SUB_NET,
-              "rank %d: shm segment %s: %d rings of %u x %zu bytes, %zu bytes mapped and "
+              "rank %d: shm segment %s: %d rings of %u x %zu bytes (%s), %zu bytes mapped and "
               "touched in %.1f ms; CMA from %zu bytes",
               ctx->rank, ctx->name, ctx->ngroup - 1, ctx->nslots, ctx->slot_bytes,
+              ctx->nslots == nslots && ctx->slot_bytes == round_up((size_t)slot_bytes, ctx->page)
+                  ? "as set"
+                  : "shrunk to WEFT_SHM_MAX_BYTES",
               ctx->seg_bytes, (double)(weft_now_ns() - t0) / 1e6, ctx->cma_min);
     return WEFT_OK;
 fail:
