@@ -25,7 +25,7 @@ static const struct weft_param_desc core[] = {
     {"WEFT_SOCKET_IFNAME", "str", "",
      "interfaces to use (NCCL syntax: eth,ib prefixes; ^ excludes; = exact)", "NCCL_SOCKET_IFNAME"},
     {"WEFT_CHUNK_SIZE", "int", "524288", "bytes one pipelined step carries", NULL},
-    {"WEFT_STAGING_SLOTS", "int", "16", "receive-reduce chunks in flight per communicator", NULL},
+    {"WEFT_STAGING_SLOTS", "int", "16", "receive-reduce chunks in flight per communicator; unset: 16, fewer when a host's ranks would hold over 256 MiB of them together (64 ranks get 8, 256 get 2; 2 at least)", NULL},
     {"WEFT_SPIN_US", "int", "-1",
      "microseconds to poll busily before sleeping (-1: 1000; yielding the core on every turn when this host has more ranks than cores)", NULL},
     {"WEFT_TRANSPORT", "str", "", "transports allowed (list, ^ excludes): shm carries pairs on one host, tcp the rest", NULL},

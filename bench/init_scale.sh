@@ -14,8 +14,9 @@
 # Usage: bench/init_scale.sh [-n "64 128 256"] [-r RUNS] [-t "tcp shm"] [-e K=V]...
 #   -e K=V  extra environment for the ranks (e.g. -e WEFT_STAGING_SLOTS=1)
 # Needs build/ (tools/build.sh).  Raises ulimit -n if it must; skips a shm
-# size whose rings (every rank maps 8 x 256 KiB per peer, touched at init:
-# n^2 * 2 MiB) would not fit in half the available memory.
+# size whose rings (every rank maps 8 x 256 KiB per peer, at most
+# WEFT_SHM_MAX_BYTES = 32 MiB a rank, touched at init) would not fit in
+# half the available memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sizes="64 128 256" runs=3 transports="tcp shm" extra=()
@@ -82,8 +83,9 @@ printf "%-5s %5s %3s %8s %8s %8s %8s %8s %8s %7s\n" tp ranks run spawn_s job_s r
     join_s table_s cpu_s MiB
 for t in $transports; do
     for n in $sizes; do
-        if [ "$t" = shm ] && [ $((n * (n - 1) * 2)) -gt $((avail_mib / 2)) ]; then
-            echo "# shm $n ranks skipped: its rings need $((n * (n - 1) * 2)) MiB"
+        seg=$((2 * (n - 1) < 32 ? 2 * (n - 1) : 32))
+        if [ "$t" = shm ] && [ $((n * seg)) -gt $((avail_mib / 2)) ]; then
+            echo "# shm $n ranks skipped: its rings need $((n * seg)) MiB"
             continue
         fi
         for r in $(seq "$runs"); do

@@ -42,7 +42,8 @@ weft_status_t weft_engine_create(struct weft_comm *comm, struct weft_engine **ou
 void weft_engine_destroy(struct weft_engine *eng) WEFT_HIDDEN;
 
 /* Sets how long a waiting driver spins before sleeping: WEFT_SPIN_US, or
- * when it is -1 (auto), spin only if this host's ranks fit its cores. */
+ * when it is -1 (auto), spin only if this host's ranks fit its cores; and
+ * sizes and touches the staging slots by the host's share (src/op.c). */
 void weft_engine_tune(struct weft_engine *eng, int local_ranks) WEFT_HIDDEN;
 /* What weft_engine_tune chose: spin time, and whether to yield meanwhile. */
 void weft_engine_spin(const struct weft_engine *eng, uint64_t *spin_ns, bool *yield) WEFT_HIDDEN;
