@@ -419,10 +419,10 @@ static weft_status_t tcp_progress(void *vctx, int timeout_ms)
         if (ctx->pst[i]->active)
             moved |= stream_progress(ctx->pst[i]);
     /* The listener and the handshakes are served every pass while a
-     * receive waits for its socket or before we sleep with handshakes
-     * pending (their deadlines are checked here); otherwise every 16th
-     * pass and whenever poll says so.  One poll finds the few with news. */
-    if (ctx->nwait_fd > 0 || (++ctx->tick & 15) == 0 || (timeout_ms > 0 && ctx->door.n > 0))
+     * receive waits for its socket, otherwise every 16th pass and whenever
+     * the poll below says so (or a handshake's deadline passed).  One poll
+     * of theirs finds the few with news. */
+    if (ctx->nwait_fd > 0 || (++ctx->tick & 15) == 0)
         moved |= tcp_ctx_service(ctx, NULL);
     if (moved || timeout_ms <= 0)
         return WEFT_OK;
