@@ -18,7 +18,6 @@
 
 #include "base/sock.h"
 
-#define LISTEN_BACKLOG 128
 #define CONNECT_BACKOFF_MIN_NS 1000000ull    /* 1 ms */
 #define CONNECT_BACKOFF_MAX_NS 100000000ull  /* 100 ms */
 
@@ -363,7 +362,7 @@ weft_status_t weft_sock_listen(union weft_sockaddr *addr, int *fd)
         goto fail;
     if (bind(s, &addr->sa, weft_sock_len(addr)) != 0)
         goto fail;
-    if (listen(s, LISTEN_BACKLOG) != 0)
+    if (listen(s, WEFT_LISTEN_BACKLOG) != 0)
         goto fail;
     socklen_t len = sizeof(*addr);
     if (getsockname(s, &addr->sa, &len) != 0)

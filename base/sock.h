@@ -34,6 +34,17 @@ bool weft_ifname_match(const char *spec, const char *ifname) WEFT_HIDDEN;
  * non-docker interface; otherwise loopback.  ifname gets its name. */
 weft_status_t weft_sock_pick_iface(const union weft_sockaddr *toward, union weft_sockaddr *out,
                                    char *ifname, size_t ifname_len) WEFT_HIDDEN;
+/* Listen queue of every weft listener; the kernel caps it at somaxconn.
+ * A full queue drops a connector's SYN without a word, and TCP sends it
+ * again only after 1 s: strangers must not fill it. */
+#define WEFT_LISTEN_BACKLOG 4096
+/* A connect with no answer within this window (ms) is started afresh:
+ * 20 ms, then 40, ... up to 1.3 s for long round trips.  A listener that
+ * drains a flood has room again within milliseconds. */
+static inline int weft_sock_connect_window_ms(int unanswered)
+{
+    return 20 << (unanswered < 6 ? unanswered : 6);
+}
 /* Non-blocking, close-on-exec listening socket on *addr (port 0 picks one;
  * the bound address is written back). */
 weft_status_t weft_sock_listen(union weft_sockaddr *addr, int *fd) WEFT_HIDDEN;

@@ -15,12 +15,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/admit.h"
 #include "bootstrap.h"
 #include "comm.h"
 
 #define UID_MAGIC 0x44494657u /* "WFID" little endian */
 #define UID_VERSION 1
-#define ROOT_BACKLOG 4096          /* root's listen queue; the kernel caps it at somaxconn */
 #define BS_MAGIC 0x53425746u       /* "WFBS": header of every bootstrap message */
 #define BS_ERROR 0x52454657u       /* "WFER": the root failed; the text follows */
 
@@ -189,8 +189,8 @@ weft_status_t weft_uid_from_hex(const char *hex, weft_unique_id_t *id)
  * queue too: a full queue drops a rank's SYN, and TCP retries it after 1 s. */
 static void widen_backlog(int fd)
 {
-    if (listen(fd, ROOT_BACKLOG) != 0)
-        WEFT_TRACE(WEFT_SUB_BOOT, "listen backlog %d on fd %d: %s", ROOT_BACKLOG, fd,
+    if (listen(fd, WEFT_LISTEN_BACKLOG) != 0)
+        WEFT_TRACE(WEFT_SUB_BOOT, "listen backlog %d on fd %d: %s", WEFT_LISTEN_BACKLOG, fd,
                    strerror(errno));
 }
 
@@ -390,97 +390,42 @@ static weft_status_t msg_recv(const struct weft_bootstrap *bs, int fd, int peer,
 /* ---- root ------------------------------------------------------------------ */
 
 /*
- * A flood of strangers at the root must not keep a rank out.  Every queued
- * connection is accepted and judged at once; an unauthenticated one holds
- * one slot of ~200 bytes (its record buffer comes after the proof) and a
- * short deadline; when the slots run out the oldest stranger goes first.
+ * A flood of strangers at the root must not keep a rank out: the door is
+ * base/admit.h's.  A connection that proved the secret gets a buffer for
+ * its record and HANDSHAKE_MS to send it.
  */
-#define MAX_PENDING 256    /* connections before their record: well under 1024 fds */
-#define HELLO_MS 1000      /* from accept to a HELLO of this job */
-#define HANDSHAKE_MS 10000 /* from that HELLO to the whole record */
-#define ACCEPT_BATCH 256   /* accepts per turn: handshakes in flight are served between */
-#define DROP_LOG 8         /* drops logged one by one; the rest are counted */
+#define HANDSHAKE_MS 10000 /* from a HELLO to the whole record */
 
-/* Root side of one incoming connection: handshake, then the info record. */
-struct pending {
-    struct weft_auth_acceptor acc;
-    uint64_t since;   /* ns: accepted, or its HELLO answered; the older goes first */
-    bool hello;       /* sent a HELLO of this job: a rank, or someone who knows the job */
-    bool authed;      /* proved the secret: never dropped to make room */
-    bool ready;       /* poll saw it this turn, or its deadline passed */
-    size_t have;      /* bytes of hdr+info read after the handshake */
-    uint8_t *buf;     /* (WEFT_BS_HDR_LEN + info_len), from the proof on */
+/* Owner: root_gather.  A connection's record, from its proof on (its priv). */
+struct record {
+    size_t have;    /* bytes of hdr+info read */
+    uint8_t buf[];  /* (WEFT_BS_HDR_LEN + info_len) */
 };
 
-/* Owner: root_gather.  pend[0, n) in no order; pfd[i + 1] polls pend[i]. */
 struct gather {
     struct weft_bootstrap *bs;
     const struct weft_uid *uid;
     size_t info_len;
     void *all;              /* (nranks * info_len) */
-    struct pending *pend;   /* (MAX_PENDING) */
-    struct pollfd *pfd;     /* (MAX_PENDING + 1): the listener first */
-    int n, joined;
-    unsigned long dropped;  /* connections dropped, for the summary */
+    struct weft_admit door;
+    int joined;
 };
 
-/* Closes pend[i]; with a reset once its HELLO was answered, so that a
- * rank dropped then fails its next send and retries, instead of finding
- * EOF where the table should be. */
-static void pending_drop(struct gather *g, int i, const char *why)
+/* Moves conn i on: the handshake, then the record.  *kept is false when
+ * it left the table (dropped, or joined as its rank). */
+static weft_status_t gather_step(void *arg, int i, bool *kept)
 {
-    struct pending *p = &g->pend[i];
-    struct linger lg = {.l_onoff = 1, .l_linger = 0};
-    if (g->dropped++ < DROP_LOG)
-        WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: dropped a connection: %s", why);
-    else
-        WEFT_TRACE(WEFT_SUB_BOOT, "bootstrap: dropped a connection: %s", why);
-    if (p->hello) /* before it, the peer has no challenge to answer */
-        setsockopt(p->acc.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
-    close(p->acc.fd);
-    free(p->buf);
-    *p = g->pend[--g->n];
-}
-
-/* The slot to free for a newcomer: the oldest connection without a HELLO,
- * else the oldest whose answered HELLO is over HELLO_MS old (a rank
- * answers within a round trip; ranks arriving by the thousand must not
- * push each other out); -1 when none may go. */
-static int pending_victim(const struct gather *g)
-{
-    uint64_t old = weft_now_ns() - (uint64_t)HELLO_MS * 1000000;
-    int v = -1;
-    for (int i = 0; i < g->n; i++) {
-        const struct pending *p = &g->pend[i], *q = v >= 0 ? &g->pend[v] : NULL;
-        if (p->authed || (p->hello && p->since > old))
-            continue;
-        if (q == NULL || (q->hello && !p->hello) || (q->hello == p->hello && p->since < q->since))
-            v = i;
-    }
-    return v;
-}
-
-/* Moves pend[i] on: the handshake, then the record.  *kept is false when
- * pend[i] left the table (dropped, or joined as its rank). */
-static weft_status_t pending_step(struct gather *g, int i, bool *kept)
-{
-    struct pending *p = &g->pend[i];
+    struct gather *g = arg;
+    struct weft_admit_conn *p = &g->door.conn[i];
     struct weft_bootstrap *bs = g->bs;
     struct weft_comm *comm = bs->comm;
     size_t want = WEFT_BS_HDR_LEN + g->info_len;
     char bad[160];
     *kept = false;
-    if (!p->authed) {
+    if (p->priv == NULL) {
         const char *why = NULL;
-        weft_status_t a = weft_auth_accept_step(&p->acc, g->uid->secret, g->uid->job, &why);
+        weft_status_t a = weft_admit_step(&g->door, i, g->uid->secret, g->uid->job, &why);
         if (a == WEFT_INPROGRESS) {
-            /* The acceptor decodes the HELLO before it answers, and only
-             * one of this job gets an answer: a kind there means one came. */
-            if (!p->hello && p->acc.hello.kind != 0) {
-                p->hello = true;
-                p->since = weft_now_ns();
-                p->acc.deadline_ns = p->since + (uint64_t)HANDSHAKE_MS * 1000000;
-            }
             *kept = true;
             return WEFT_OK;
         }
@@ -488,90 +433,46 @@ static weft_status_t pending_step(struct gather *g, int i, bool *kept)
                                 ? weft_bs_check_hello(&p->acc.hello, bs->nranks, bad, sizeof(bad))
                                 : WEFT_ERR_REMOTE;
         if (chk == WEFT_ERR_REMOTE) {
-            pending_drop(g, i, a == WEFT_OK ? bad : why ? why : "handshake failed");
+            weft_admit_drop(&g->door, i, a == WEFT_OK ? bad : why ? why : "handshake failed");
             return WEFT_OK;
         }
         if (chk != WEFT_OK)
             return weft_error(weft_comm_err(comm), chk, "bootstrap: %s", bad);
-        p->buf = malloc(want);
-        if (p->buf == NULL)
+        struct record *rec = malloc(sizeof(*rec) + want);
+        if (rec == NULL)
             return weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
-        p->authed = true;
-        p->have = 0;
+        rec->have = 0;
+        p->priv = rec;
         weft_sock_tune(p->acc.fd, 0);
         p->acc.deadline_ns = weft_now_ns() + (uint64_t)HANDSHAKE_MS * 1000000;
     }
-    ssize_t n = recv(p->acc.fd, p->buf + p->have, want - p->have, MSG_DONTWAIT);
+    struct record *rec = p->priv;
+    ssize_t n = recv(p->acc.fd, rec->buf + rec->have, want - rec->have, MSG_DONTWAIT);
     if (n > 0)
-        p->have += (size_t)n;
+        rec->have += (size_t)n;
     bool stale = weft_now_ns() > p->acc.deadline_ns;
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR) || stale) {
         snprintf(bad, sizeof(bad), "rank %u %s before sending its info", p->acc.hello.rank,
                  stale ? "timed out" : "disconnected");
-        pending_drop(g, i, bad);
+        weft_admit_drop(&g->door, i, bad);
         return WEFT_OK;
     }
-    if (p->have < want) {
+    if (rec->have < want) {
         *kept = true;
         return WEFT_OK;
     }
     uint32_t r = p->acc.hello.rank;
-    weft_status_t chk = weft_bs_check_info(p->buf, g->info_len, r, bs->nranks, bs->fds, bad,
+    weft_status_t chk = weft_bs_check_info(rec->buf, g->info_len, r, bs->nranks, bs->fds, bad,
                                            sizeof(bad));
     if (chk == WEFT_ERR_REMOTE) {
-        pending_drop(g, i, bad);
+        weft_admit_drop(&g->door, i, bad);
         return WEFT_OK;
     }
     if (chk != WEFT_OK)
         return weft_error(weft_comm_err(comm), chk, "bootstrap: %s", bad);
-    memcpy((char *)g->all + (size_t)r * g->info_len, p->buf + WEFT_BS_HDR_LEN, g->info_len);
-    bs->fds[r] = p->acc.fd;
-    free(p->buf);
-    *p = g->pend[--g->n];
+    memcpy((char *)g->all + (size_t)r * g->info_len, rec->buf + WEFT_BS_HDR_LEN, g->info_len);
+    bs->fds[r] = weft_admit_take(&g->door, i);
     g->joined++;
-    return WEFT_OK;
-}
-
-/* Accepts up to ACCEPT_BATCH queued connections and reads what each
- * brought.  *stuck: no slot or no fd could be freed, so the listener
- * should rest a moment instead of waking every poll. */
-static weft_status_t accept_some(struct gather *g, int lfd, bool *stuck)
-{
-    *stuck = false;
-    for (int k = 0; k < ACCEPT_BATCH; k++) {
-        if (g->n == MAX_PENDING) {
-            int v = pending_victim(g);
-            if (v < 0) {
-                *stuck = true; /* every slot holds a rank, likely: their turn first */
-                return WEFT_OK;
-            }
-            pending_drop(g, v, "too many connections in their handshake (oldest goes)");
-        }
-        /* Not weft_sock_accept: its tuning costs four calls per stranger;
-         * a rank's socket is tuned once it proved the secret. */
-        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
-                return WEFT_OK; /* the queue is empty */
-            if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
-                continue;
-            /* Out of descriptors or buffers: a stranger gives its own back. */
-            int v = pending_victim(g);
-            if (v < 0) {
-                *stuck = true;
-                return WEFT_OK;
-            }
-            pending_drop(g, v, "out of descriptors to accept with (oldest goes)");
-            continue;
-        }
-        struct pending *p = &g->pend[g->n++];
-        memset(p, 0, sizeof(*p));
-        p->since = weft_now_ns();
-        weft_auth_accept_begin(&p->acc, fd, p->since + (uint64_t)HELLO_MS * 1000000);
-        /* A rank's HELLO is usually here already: answer it now. */
-        bool kept;
-        WEFT_CHECK(pending_step(g, g->n - 1, &kept));
-    }
     return WEFT_OK;
 }
 
@@ -614,16 +515,12 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
 {
     struct weft_comm *comm = bs->comm;
     struct gather g = {.bs = bs, .uid = uid, .info_len = info_len, .all = all, .joined = 1};
-    weft_status_t st = WEFT_OK;
-    uint64_t rest_until = 0; /* ns: the listener is not polled before */
     uint64_t t0 = weft_now_ns();
     memcpy(all, info, info_len);
-    g.pend = malloc(MAX_PENDING * sizeof(*g.pend));
-    g.pfd = malloc((MAX_PENDING + 1) * sizeof(*g.pfd));
-    if (g.pend == NULL || g.pfd == NULL) {
-        st = weft_error(weft_comm_err(comm), WEFT_ERR_NO_MEMORY, "bootstrap: out of memory");
+    weft_status_t st = weft_admit_init(&g.door, weft_comm_err(comm), WEFT_SUB_BOOT, "bootstrap",
+                                       (uint64_t)HANDSHAKE_MS * 1000000);
+    if (st != WEFT_OK)
         goto out;
-    }
     while (g.joined < bs->nranks) {
         int left = weft_ms_left(deadline);
         if (left == 0) {
@@ -637,34 +534,14 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
                             g.joined, bs->nranks, g.joined + 1 < bs->nranks ? "s" : "", missing);
             goto out;
         }
-        g.pfd[0] = (struct pollfd){.fd = weft_now_ns() < rest_until ? -1 : lfd, .events = POLLIN};
-        for (int i = 0; i < g.n; i++)
-            g.pfd[i + 1] = (struct pollfd){
-                .fd = g.pend[i].acc.fd,
-                .events = g.pend[i].authed ? POLLIN : weft_auth_accept_events(&g.pend[i].acc)};
         /* Short enough that a resting listener and the deadlines of
          * silent connections are looked at again soon. */
-        int wait = left < 0 || left > 50 ? 50 : left;
-        if (poll(g.pfd, (nfds_t)g.n + 1, wait) < 0 && errno != EINTR) {
-            st = weft_error(weft_comm_err(comm), WEFT_ERR_SYSTEM, "bootstrap: poll: %s", strerror(errno));
-            goto out;
-        }
-        /* Only connections with news (or past their deadline) cost a call. */
-        uint64_t now = weft_now_ns();
-        for (int i = 0; i < g.n; i++)
-            g.pend[i].ready = g.pfd[i + 1].revents != 0 || now > g.pend[i].acc.deadline_ns;
-        for (int i = 0; i < g.n;) {
-            bool kept = true;
-            if (g.pend[i].ready)
-                WEFT_CHECK_GOTO(pending_step(&g, i, &kept), st, out);
-            i += kept;
-        }
-        if (g.pfd[0].revents & POLLIN) {
-            bool stuck;
-            WEFT_CHECK_GOTO(accept_some(&g, lfd, &stuck), st, out);
-            if (stuck)
-                rest_until = weft_now_ns() + 5000000;
-        }
+        bool incoming;
+        WEFT_CHECK_GOTO(weft_admit_poll(&g.door, lfd, left < 0 || left > 50 ? 50 : left,
+                                        &incoming), st, out);
+        WEFT_CHECK_GOTO(weft_admit_serve(&g.door, gather_step, &g), st, out);
+        if (incoming)
+            WEFT_CHECK_GOTO(weft_admit_accept(&g.door, lfd, gather_step, &g), st, out);
     }
     /* Everyone is here: hand out the table. */
     uint64_t t_all = weft_now_ns();
@@ -672,15 +549,10 @@ static weft_status_t root_gather(struct weft_bootstrap *bs, const struct weft_ui
         st = msg_send(bs, bs->fds[r], r, all, (size_t)bs->nranks * info_len, deadline);
     WEFT_INFO(WEFT_SUB_BOOT, "bootstrap: %d ranks joined in %.1f ms, table of %zu bytes sent to "
               "each in %.1f ms; %lu connections dropped", bs->nranks, (double)(t_all - t0) / 1e6,
-              (size_t)bs->nranks * info_len, (double)(weft_now_ns() - t_all) / 1e6, g.dropped);
+              (size_t)bs->nranks * info_len, (double)(weft_now_ns() - t_all) / 1e6,
+              g.door.dropped);
 out:
-    while (g.n > 0)
-        pending_drop(&g, 0, "the bootstrap is over");
-    if (g.dropped > DROP_LOG)
-        WEFT_WARN(WEFT_SUB_BOOT, "bootstrap: dropped %lu connections in all (%d named above)",
-                  g.dropped, DROP_LOG);
-    free(g.pend);
-    free(g.pfd);
+    weft_admit_fini(&g.door);
     if (st != WEFT_OK) {
         /* Tell the ranks that did join why, instead of leaving them to
          * their own deadline. */
@@ -742,7 +614,7 @@ static weft_status_t root_connect(struct weft_comm *comm, const union weft_socka
     char name[96];
     int nap_ms = 1, unanswered = 0;
     for (int tries = 0;; tries++) {
-        int left = weft_ms_left(deadline), window = 20 << WEFT_MIN(unanswered, 6);
+        int left = weft_ms_left(deadline), window = weft_sock_connect_window_ms(unanswered);
         int rc = root_try(root, left < 0 ? window : WEFT_MIN(left, window), fd);
         if (rc == 0) {
             if (tries > 0)

@@ -399,10 +399,7 @@ static weft_status_t ctx_poll_room(struct tcp_ctx *ctx, size_t n)
     struct tcp_stream **pst = realloc(ctx->pst, cap * sizeof(*pst));
     if (pst)
         ctx->pst = pst;
-    int *pkind = realloc(ctx->pkind, cap * sizeof(*pkind));
-    if (pkind)
-        ctx->pkind = pkind;
-    if (!pfd || !pst || !pkind)
+    if (!pfd || !pst)
         return weft_error(ctx->err, WEFT_ERR_NO_MEMORY, "rank %d: no memory for %zu poll entries",
                           ctx->rank, n);
     ctx->pcap = cap;
@@ -412,7 +409,7 @@ static weft_status_t ctx_poll_room(struct tcp_ctx *ctx, size_t n)
 static weft_status_t tcp_progress(void *vctx, int timeout_ms)
 {
     struct tcp_ctx *ctx = vctx;
-    WEFT_CHECK(ctx_poll_room(ctx, ctx->nactive + TCP_MAX_PENDING + 2));
+    WEFT_CHECK(ctx_poll_room(ctx, ctx->nactive));
     /* Snapshot first: I/O may fail a conn and unlink several streams. */
     size_t ns = 0;
     for (struct tcp_stream *st = LIST_FIRST(&ctx->work); st; st = LIST_NEXT(st, work))
@@ -422,62 +419,48 @@ static weft_status_t tcp_progress(void *vctx, int timeout_ms)
         if (ctx->pst[i]->active)
             moved |= stream_progress(ctx->pst[i]);
     /* The listener and the handshakes are served every pass while a
-     * receive waits for its socket or before we sleep with handshakes
-     * pending (their deadlines are checked here); otherwise every 16th
-     * pass and whenever poll says so. */
-    if (ctx->nwait_fd > 0 || (++ctx->tick & 15) == 0 || (timeout_ms > 0 && ctx->npending > 0))
-        moved |= tcp_ctx_service(ctx);
+     * receive waits for its socket, otherwise every 16th pass and whenever
+     * the poll below says so (or a handshake's deadline passed).  One poll
+     * of theirs finds the few with news. */
+    if (ctx->nwait_fd > 0 || (++ctx->tick & 15) == 0)
+        moved |= tcp_ctx_service(ctx, NULL);
     if (moved || timeout_ms <= 0)
         return WEFT_OK;
 
-    WEFT_CHECK(ctx_poll_room(ctx, ctx->nactive + TCP_MAX_PENDING + 2));
+    /* Streams, then the door and the listener, then the eventfd. */
+    WEFT_CHECK(ctx_poll_room(ctx, ctx->nactive + (size_t)ctx->door.n + 2));
     size_t n = 0;
+    uint64_t now = weft_now_ns();
     for (struct tcp_stream *st = LIST_FIRST(&ctx->work); st; st = LIST_NEXT(st, work)) {
+        /* A connect without an answer is started afresh in its window. */
+        int retry = tcp_stream_retry_ms(st, now);
+        if (retry >= 0 && retry < timeout_ms)
+            timeout_ms = WEFT_MAX(retry, 1);
         ctx->pfd[n] = (struct pollfd){.fd = st->fd, .events = stream_events(st)};
-        ctx->pst[n] = st;
-        ctx->pkind[n++] = -1;
+        ctx->pst[n++] = st;
     }
-    for (int i = 0; i < TCP_MAX_PENDING; i++) {
-        if (!ctx->pending[i].used)
-            continue;
-        ctx->pfd[n] = (struct pollfd){.fd = ctx->pending[i].acc.fd,
-                                      .events = weft_auth_accept_events(&ctx->pending[i].acc)};
-        ctx->pst[n] = NULL;
-        ctx->pkind[n++] = i;
-    }
-    ctx->pfd[n] = (struct pollfd){.fd = ctx->lfd, .events = POLLIN};
-    ctx->pst[n] = NULL;
-    ctx->pkind[n++] = -2;
-    ctx->pfd[n] = (struct pollfd){.fd = ctx->efd, .events = POLLIN};
-    ctx->pst[n] = NULL;
-    ctx->pkind[n++] = -3;
+    size_t ndoor = (size_t)weft_admit_fill(&ctx->door, ctx->lfd, ctx->pfd + n);
+    ctx->pfd[n + ndoor] = (struct pollfd){.fd = ctx->efd, .events = POLLIN};
 
-    int rc = poll(ctx->pfd, (nfds_t)n, timeout_ms);
+    int rc = poll(ctx->pfd, (nfds_t)(n + ndoor + 1), timeout_ms);
     if (rc < 0) {
         if (errno == EINTR)
             return WEFT_OK;
         return weft_error(ctx->err, WEFT_ERR_SYSTEM, "rank %d: tcp poll on %zu sockets: %s",
-                          ctx->rank, n, strerror(errno));
+                          ctx->rank, n + ndoor + 1, strerror(errno));
     }
-    for (size_t i = 0; i < n && rc > 0; i++) {
-        if (ctx->pfd[i].revents == 0)
-            continue;
-        rc--;
-        int kind = ctx->pkind[i];
-        if (kind == -1) {
-            struct tcp_stream *st = ctx->pst[i];
-            if (st->active && st->fd == ctx->pfd[i].fd)
-                stream_progress(st);
-        } else if (kind == -2) {
-            tcp_ctx_service(ctx);
-        } else if (kind == -3) {
-            uint64_t v;
-            while (read(ctx->efd, &v, sizeof(v)) < 0 && errno == EINTR)
-                ;
-        } else if (ctx->pending[kind].used && ctx->pending[kind].acc.fd == ctx->pfd[i].fd) {
-            tcp_pending_step(ctx, &ctx->pending[kind]);
-        }
+    for (size_t i = 0; i < n; i++) {
+        struct tcp_stream *st = ctx->pst[i];
+        if (ctx->pfd[i].revents != 0 && st->active && st->fd == ctx->pfd[i].fd)
+            stream_progress(st);
     }
+    if (ctx->pfd[n + ndoor].revents != 0) {
+        uint64_t v;
+        while (read(ctx->efd, &v, sizeof(v)) < 0 && errno == EINTR)
+            ;
+    }
+    /* The streams above never touch the door: its entries still match. */
+    tcp_ctx_service(ctx, ctx->pfd + n);
     return WEFT_OK;
 }
 

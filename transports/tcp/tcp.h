@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <sys/queue.h>
 
+#include "base/admit.h"
 #include "base/auth.h"
 #include "base/sock.h"
 #include "transports/transport.h"
@@ -20,7 +21,6 @@
 #define TCP_HDR_LEN 24                 /* u32 magic, u32 reserved, u64 seq, u64 len */
 #define TCP_MAGIC 0x31444657u          /* "WFD1" on the wire */
 #define TCP_MAX_STREAMS 16
-#define TCP_MAX_PENDING 64             /* accepted sockets still in their handshake */
 #define TCP_ACCEPT_TIMEOUT_NS (10ull * 1000000000ull)
 #define TCP_IOV_MAX 64                 /* iovecs per sendmsg: 32 queued messages */
 #define TCP_ERRMSG_LEN 384
@@ -68,6 +68,8 @@ struct tcp_stream {
     size_t rhave;                            /* recv: bytes of rhdr read ahead */
     uint8_t rhdr[TCP_HDR_LEN];
     struct weft_auth_connector auth;         /* send: during HANDSHAKE */
+    uint64_t tried_at;                       /* send, CONNECTING: ns, this connect began */
+    int unanswered;                          /* send: connects restarted without an answer */
 };
 
 /*
@@ -88,19 +90,11 @@ struct tcp_conn {
     struct tcp_stream streams[];
 };
 
-/* An accepted socket that has not proven itself yet. */
-struct tcp_pending {
-    bool used;
-    uint64_t serial;                       /* acceptance order: lowest is oldest */
-    struct weft_auth_acceptor acc;
-    char from[TCP_ADDRSTR_LEN];
-};
-
 /*
  * One rank's transport.  Owner: the engine, through init/finalize.  Used by
  * one thread at a time, except efd (written by wakeup from any thread).
- * The poll arrays hold room for every active stream plus the pending
- * handshakes, the listener and the eventfd.
+ * The poll arrays hold room for every active stream plus the accepted
+ * sockets in their handshake (door), the listener and the eventfd.
  */
 struct tcp_ctx {
     struct weft_errsink *err;
@@ -113,12 +107,9 @@ struct tcp_ctx {
     LIST_HEAD(, tcp_stream) work;          /* active streams */
     size_t nactive, nwait_fd;
     unsigned tick;
-    struct tcp_pending pending[TCP_MAX_PENDING];
-    uint64_t pending_serial;
-    int npending;                          /* used entries of pending[] */
-    struct pollfd *pfd;                    /* (pcap) */
-    struct tcp_stream **pst;               /* (pcap) stream of pfd[i], NULL for others */
-    int *pkind;                            /* (pcap) -1 stream, -2 listener, -3 efd, else pending */
+    struct weft_admit door;                /* accepted sockets before their proof */
+    struct pollfd *pfd;                    /* (pcap) streams, door, listener, efd */
+    struct tcp_stream **pst;               /* (pcap) stream of pfd[i] */
     size_t pcap;
     struct weft_req_pool reqs;             /* of struct tcp_req */
 };
@@ -162,10 +153,14 @@ weft_status_t tcp_addr_parse(const struct tcp_ctx *ctx, int peer, const void *ad
 void tcp_conn_open(struct tcp_conn *c) WEFT_HIDDEN;
 /* Advances the setup of a send stream; returns true if it moved. */
 bool tcp_stream_setup(struct tcp_stream *st) WEFT_HIDDEN;
-/* Advances the handshake of one accepted socket. */
-void tcp_pending_step(struct tcp_ctx *ctx, struct tcp_pending *p) WEFT_HIDDEN;
-/* Accepts what waits on the listener and advances every handshake. */
-bool tcp_ctx_service(struct tcp_ctx *ctx) WEFT_HIDDEN;
+/* A connecting send stream whose connect gets no answer within its window
+ * (sock.h) starts afresh: the ms until then, 0 when due, -1 when st is not
+ * connecting. */
+int tcp_stream_retry_ms(const struct tcp_stream *st, uint64_t now) WEFT_HIDDEN;
+/* The listener's turn: pfd (NULL: poll here without waiting) holds the
+ * door's entries and then the listener's from the caller's poll; steps the
+ * handshakes with news and accepts what waits.  True if anything moved. */
+bool tcp_ctx_service(struct tcp_ctx *ctx, const struct pollfd *pfd) WEFT_HIDDEN;
 weft_tp_init_fn tcp_init WEFT_HIDDEN;
 weft_tp_connect_fn tcp_connect WEFT_HIDDEN;
 weft_tp_finalize_fn tcp_finalize WEFT_HIDDEN;

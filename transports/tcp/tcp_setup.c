@@ -20,6 +20,27 @@
 
 /* ---- outgoing connection setup ------------------------------------------ */
 
+/* Starts a connect of st; its retry window counts from now.  False: c
+ * has been failed. */
+static bool stream_connect(struct tcp_stream *st)
+{
+    struct tcp_conn *c = st->conn;
+    struct tcp_ctx *ctx = c->ctx;
+    int fd = -1;
+    weft_status_t rc = weft_sock_connect_start(&c->addr, &fd);
+    if (rc < 0) {
+        tcp_conn_fail(c, rc == WEFT_ERR_TIMEOUT ? rc : WEFT_ERR_REMOTE,
+                      "rank %d: cannot connect to rank %d at %s (stream %d): %s", ctx->rank,
+                      c->peer, c->addrstr, st->index, weft_thread_last_error());
+        return false;
+    }
+    weft_sock_tune(fd, ctx->bufsize);
+    st->fd = fd;
+    st->state = ST_CONNECTING;
+    st->tried_at = weft_now_ns();
+    return true;
+}
+
 /* Starts every send stream of c connecting; the handshakes finish in
  * progress(), so two ranks that connect to each other never wait. */
 void tcp_conn_open(struct tcp_conn *c)
@@ -28,19 +49,19 @@ void tcp_conn_open(struct tcp_conn *c)
     c->deadline = ctx->timeout_ns ? weft_now_ns() + ctx->timeout_ns : 0;
     for (int s = 0; s < ctx->nstreams; s++) {
         struct tcp_stream *st = &c->send[s];
-        int fd = -1;
-        weft_status_t rc = weft_sock_connect_start(&c->addr, &fd);
-        if (rc < 0) {
-            tcp_conn_fail(c, rc == WEFT_ERR_TIMEOUT ? rc : WEFT_ERR_REMOTE,
-                          "rank %d: cannot connect to rank %d at %s (stream %d): %s", ctx->rank,
-                          c->peer, c->addrstr, s, weft_thread_last_error());
+        st->unanswered = 0;
+        if (!stream_connect(st))
             return;
-        }
-        weft_sock_tune(fd, ctx->bufsize);
-        st->fd = fd;
-        st->state = ST_CONNECTING;
         tcp_stream_sync(st);
     }
+}
+
+int tcp_stream_retry_ms(const struct tcp_stream *st, uint64_t now)
+{
+    if (st->state != ST_CONNECTING)
+        return -1;
+    uint64_t due = st->tried_at + (uint64_t)weft_sock_connect_window_ms(st->unanswered) * 1000000;
+    return now >= due ? 0 : (int)((due - now + 999999) / 1000000);
 }
 
 /* Advances the setup of a send stream; returns true if it moved. */
@@ -50,7 +71,18 @@ bool tcp_stream_setup(struct tcp_stream *st)
     struct tcp_ctx *ctx = c->ctx;
     if (st->state == ST_CONNECTING) {
         weft_status_t rc = weft_sock_connect_finish(st->fd);
-        if (rc < 0) {
+        if (rc == WEFT_INPROGRESS && tcp_stream_retry_ms(st, weft_now_ns()) == 0) {
+            /* No answer: the peer's full listen queue dropped our SYN, and
+             * TCP would send it again only after 1 s (sock.h). */
+            close(st->fd);
+            st->fd = -1;
+            st->unanswered++;
+            WEFT_TRACE(WEFT_SUB_NET, "rank %d: connect %d to rank %d (%s) stream %d: no answer, "
+                       "starting afresh", ctx->rank, st->unanswered, c->peer, c->addrstr,
+                       st->index);
+            if (!stream_connect(st))
+                return true;
+        } else if (rc < 0) {
             tcp_conn_fail(c, WEFT_ERR_REMOTE,
                           "rank %d: cannot connect to rank %d at %s (stream %d): %s", ctx->rank,
                           c->peer, c->addrstr, st->index, weft_thread_last_error());
@@ -95,14 +127,6 @@ bool tcp_stream_setup(struct tcp_stream *st)
 
 /* ---- incoming connections ------------------------------------------------ */
 
-static void pending_drop(struct tcp_ctx *ctx, struct tcp_pending *p, const char *why)
-{
-    WEFT_WARN(WEFT_SUB_NET, "rank %d: dropped connection from %s: %s", ctx->rank, p->from, why);
-    close(p->acc.fd);
-    p->used = false;
-    ctx->npending--;
-}
-
 weft_status_t tcp_hello_check(const struct tcp_ctx *ctx, const struct weft_auth_hello *h,
                               char *why, size_t whylen)
 {
@@ -121,11 +145,11 @@ weft_status_t tcp_hello_check(const struct tcp_ctx *ctx, const struct weft_auth_
     return WEFT_ERR_REMOTE;
 }
 
-/* An authenticated socket: becomes receive stream hello.index from
- * hello.rank if that slot is legitimately free. */
-static void pending_install(struct tcp_ctx *ctx, struct tcp_pending *p)
+/* door.conn[i] proved the secret: becomes receive stream hello.index
+ * from hello.rank if that slot is legitimately free, else is dropped. */
+static void door_install(struct tcp_ctx *ctx, int i)
 {
-    const struct weft_auth_hello *h = &p->acc.hello;
+    const struct weft_auth_hello *h = &ctx->door.conn[i].acc.hello;
     char why[128];
     if (tcp_hello_check(ctx, h, why, sizeof(why)) == WEFT_OK) {
         struct tcp_conn *c = tcp_conn_get(ctx, (int)h->rank);
@@ -139,78 +163,52 @@ static void pending_install(struct tcp_ctx *ctx, struct tcp_pending *p)
             snprintf(why, sizeof(why), "stream %u of rank %u is connected already",
                      (unsigned)h->index, (unsigned)h->rank);
         else {
-            st->fd = p->acc.fd;
+            char from[TCP_ADDRSTR_LEN];
+            weft_admit_from(&ctx->door, i, from, sizeof(from));
+            WEFT_INFO(WEFT_SUB_NET, "rank %d: recv stream %u from rank %u (%s) is up", ctx->rank,
+                      (unsigned)h->index, (unsigned)h->rank, from);
+            st->fd = weft_admit_take(&ctx->door, i); /* h is gone now */
             st->installed = true;
             st->state = ST_READY;
             weft_sock_tune(st->fd, ctx->bufsize);
             if (!c->have_addr)
-                snprintf(c->addrstr, sizeof(c->addrstr), "%s", p->from);
-            p->used = false;
-            ctx->npending--;
+                snprintf(c->addrstr, sizeof(c->addrstr), "%s", from);
             tcp_stream_sync(st);
-            WEFT_INFO(WEFT_SUB_NET, "rank %d: recv stream %u from rank %u (%s) is up", ctx->rank,
-                      (unsigned)h->index, (unsigned)h->rank, p->from);
             return;
         }
     }
-    pending_drop(ctx, p, why);
+    weft_admit_drop(&ctx->door, i, why);
 }
 
-void tcp_pending_step(struct tcp_ctx *ctx, struct tcp_pending *p)
+/* The door's step (base/admit.h): a handshake that fails is dropped, one
+ * that proves the secret installed or dropped. */
+static weft_status_t door_step(void *arg, int i, bool *kept)
 {
+    struct tcp_ctx *ctx = arg;
     const char *why = "unknown reason";
-    weft_status_t rc = weft_auth_accept_step(&p->acc, ctx->secret, ctx->job, &why);
     /* The acceptor checks its own deadline: a silent stranger fails here. */
+    weft_status_t rc = weft_admit_step(&ctx->door, i, ctx->secret, ctx->job, &why);
+    *kept = rc == WEFT_INPROGRESS;
     if (rc == WEFT_OK)
-        pending_install(ctx, p);
+        door_install(ctx, i);
     else if (rc < 0)
-        pending_drop(ctx, p, why);
+        weft_admit_drop(&ctx->door, i, why);
+    return WEFT_OK;
 }
 
-static void pending_add(struct tcp_ctx *ctx, int fd)
+bool tcp_ctx_service(struct tcp_ctx *ctx, const struct pollfd *pfd)
 {
-    struct tcp_pending *p = NULL, *oldest = NULL;
-    for (int i = 0; i < TCP_MAX_PENDING && p == NULL; i++) {
-        struct tcp_pending *q = &ctx->pending[i];
-        if (!q->used)
-            p = q;
-        else if (oldest == NULL || q->serial < oldest->serial)
-            oldest = q;
-    }
-    if (p == NULL) {
-        pending_drop(ctx, oldest, "too many connections in their handshake");
-        p = oldest;
-    }
-    union weft_sockaddr from;
-    socklen_t len = sizeof(from);
-    if (getpeername(fd, &from.sa, &len) == 0)
-        weft_sock_str(&from, p->from, sizeof(p->from));
-    else
-        snprintf(p->from, sizeof(p->from), "unknown address (fd %d)", fd);
-    uint64_t t = ctx->timeout_ns ? WEFT_MIN(ctx->timeout_ns, TCP_ACCEPT_TIMEOUT_NS)
-                                 : TCP_ACCEPT_TIMEOUT_NS;
-    p->used = true;
-    ctx->npending++;
-    p->serial = ctx->pending_serial++;
-    weft_auth_accept_begin(&p->acc, fd, weft_now_ns() + t);
-    tcp_pending_step(ctx, p);
-}
-
-/* Accepts what waits on the listener and advances every handshake. */
-bool tcp_ctx_service(struct tcp_ctx *ctx)
-{
-    bool moved = false;
-    for (int i = 0; i < TCP_MAX_PENDING; i++)
-        if (ctx->pending[i].used)
-            tcp_pending_step(ctx, &ctx->pending[i]);
-    for (;;) {
-        int fd = -1;
-        if (weft_sock_accept(ctx->lfd, &fd) < 0 || fd < 0)
-            break;
-        moved = true;
-        pending_add(ctx, fd);
-    }
-    return moved;
+    struct weft_admit *d = &ctx->door;
+    unsigned long accepted = d->accepted;
+    bool incoming;
+    if (pfd != NULL)
+        incoming = weft_admit_mark(d, pfd);
+    else if (weft_admit_poll(d, ctx->lfd, 0, &incoming) != WEFT_OK)
+        return false; /* recorded; the streams' own polls report a broken process */
+    weft_admit_serve(d, door_step, ctx); /* door_step fails nothing */
+    if (incoming)
+        weft_admit_accept(d, ctx->lfd, door_step, ctx);
+    return d->accepted != accepted;
 }
 
 /* ---- the vtable ----------------------------------------------------------- */
@@ -252,11 +250,18 @@ weft_status_t tcp_init(const struct weft_transport_init *args, void **vctx, void
     memcpy(ctx->secret, args->secret, WEFT_SECRET_BYTES);
     ctx->lfd = ctx->efd = -1;
     ctx->conns = calloc((size_t)args->nranks, sizeof(*ctx->conns));
+    char who[32];
+    snprintf(who, sizeof(who), "rank %d: tcp", args->rank);
+    /* A HELLO of this job gets the handshake's whole time. */
+    st = weft_admit_init(&ctx->door, args->err, WEFT_SUB_NET, who,
+                         ctx->timeout_ns ? WEFT_MIN(ctx->timeout_ns, TCP_ACCEPT_TIMEOUT_NS)
+                                         : TCP_ACCEPT_TIMEOUT_NS);
+    if (st != WEFT_OK)
+        goto fail;
     ctx->pcap = 64;
     ctx->pfd = malloc(ctx->pcap * sizeof(*ctx->pfd));
     ctx->pst = malloc(ctx->pcap * sizeof(*ctx->pst));
-    ctx->pkind = malloc(ctx->pcap * sizeof(*ctx->pkind));
-    if (!ctx->conns || !ctx->pfd || !ctx->pst || !ctx->pkind) {
+    if (!ctx->conns || !ctx->pfd || !ctx->pst) {
         st = weft_error(args->err, WEFT_ERR_NO_MEMORY, "tcp init: out of memory");
         goto fail;
     }
@@ -349,9 +354,7 @@ void tcp_finalize(void *vctx)
                 close(c->streams[s].fd);
         free(c);
     }
-    for (int i = 0; i < TCP_MAX_PENDING; i++)
-        if (ctx->pending[i].used)
-            close(ctx->pending[i].acc.fd);
+    weft_admit_fini(&ctx->door);
     if (ctx->lfd >= 0)
         close(ctx->lfd);
     if (ctx->efd >= 0)
@@ -360,6 +363,5 @@ void tcp_finalize(void *vctx)
     free(ctx->conns);
     free(ctx->pfd);
     free(ctx->pst);
-    free(ctx->pkind);
     free(ctx);
 }

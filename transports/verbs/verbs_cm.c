@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/sock.h"
 #include "transports/verbs/ib_select.h"
 #include "transports/verbs/verbs.h"
 
@@ -67,7 +68,7 @@ bool vb_cm_open(struct vb_ctx *ctx, const union weft_sockaddr *local, const void
         why = "its port is not active";
         goto no;
     }
-    if (rdma_listen(ctx->cm_listen, 128) != 0) {
+    if (rdma_listen(ctx->cm_listen, WEFT_LISTEN_BACKLOG) != 0) {
         why = "cannot listen";
         err = errno;
         goto no;
