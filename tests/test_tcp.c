@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/admit.h"
 #include "base/auth.h"
 #include "src/comm.h"
 #include "base/sock.h"
@@ -174,11 +175,12 @@ Test(tcp, strangers_are_dropped, .timeout = 60)
     world_finish(&w, 0);
 }
 
-/* More silent strangers than the 64 handshakes a rank keeps: the oldest
- * are closed at once instead of at their deadline, and the job goes on. */
+/* More silent strangers than the handshakes a rank keeps (base/admit.h):
+ * the oldest are closed at once instead of at their deadline (1 s for a
+ * HELLO), and the job goes on. */
 Test(tcp, handshake_flood_evicts_oldest, .timeout = 60)
 {
-    enum { FLOOD = 70 };
+    enum { FLOOD = WEFT_ADMIT_MAX + 6 };
     struct world w;
     world_init(&w, 2, 2, 1, 20000); /* handshakes would wait 10 s */
     world_start(&w, sc_exchange_after_go);
@@ -188,8 +190,8 @@ Test(tcp, handshake_flood_evicts_oldest, .timeout = 60)
     int fds[FLOOD];
     for (int i = 0; i < FLOOD; i++)
         fds[i] = tcp_connect_to(&w.addr[0]);
-    for (int i = 0; i < FLOOD - 64; i++)
-        cr_expect(closed_within(fds[i], 3000), "stranger %d was not evicted", i);
+    for (int i = 0; i < FLOOD - WEFT_ADMIT_MAX; i++)
+        cr_expect(closed_within(fds[i], 500), "stranger %d was not evicted", i);
     cr_expect(!closed_within(fds[FLOOD - 1], 300), "the newest stranger was evicted");
     for (int i = 0; i < FLOOD; i++)
         close(fds[i]);
