@@ -220,24 +220,39 @@ static double seconds_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Builds rank r's schedule into sch. */
-static weft_status_t build(const struct weft_coll_desc *tmpl, int r, struct weft_schedule *sch)
+/* Builds rank r's schedule into sch, of at most limit steps (0: any):
+ * the builder stops at the limit, so a schedule too large to run (direct's
+ * root at 1 GiB on 16,384 ranks, 33 M steps) is refused having cost no
+ * more than the limit in memory. */
+static weft_status_t build(const struct weft_coll_desc *tmpl, int r, size_t limit,
+                           struct weft_schedule *sch)
 {
     struct weft_coll_desc d = *tmpl;
     d.rank = r;
-    return weft_sched_build(&d, sch);
+    sch->max_steps = limit;
+    weft_status_t st = weft_sched_build(&d, sch);
+    /* A family that serves the collective refuses only at the limit. */
+    if (st == WEFT_ERR_UNSUPPORTED && limit && weft_algo_serves(d.algo, d.variant, d.coll))
+        st = weft_error(NULL, WEFT_ERR_UNSUPPORTED,
+                        "sim: rank %d's schedule passes %zu steps, and no symmetry lets fewer "
+                        "of the %d ranks stand for the others",
+                        r, limit, tmpl->nranks);
+    return st;
 }
 
 /* Every rank's schedule, or (reps set) the representatives' already built.
  * Without them, m->max_steps bounds the steps; once 64 ranks are in, a
- * projection over 4 times the limit stops the building early. */
+ * projection over 4 times the limit stops the building early.  It goes by
+ * the last 32 ranks built, not all: with a count below p only the first
+ * ranks hold blocks (direct's ranks 0 and 1 send to every rank, the others
+ * four messages), and averaging them in would refuse runs that fit. */
 static weft_status_t load(struct sim *s, const struct weft_coll_desc *tmpl,
                           const struct weft_schedule *reps)
 {
     struct weft_schedule sch;
     weft_sched_init(&sch);
     size_t lim = s->m->max_steps;
-    double t0 = seconds_now();
+    double t0 = seconds_now(), t32 = t0;
     weft_status_t st = WEFT_OK;
     if (s->gkind != G_NONE)
         shape_add(s, (uint64_t)s->gkind << 32 | (uint64_t)s->nrep);
@@ -248,9 +263,19 @@ static weft_status_t load(struct sim *s, const struct weft_coll_desc *tmpl,
             WEFT_CHECK_GOTO(add_rank(s, r, &reps[r]), st, out);
             continue;
         }
-        WEFT_CHECK_GOTO(build(tmpl, r, &sch), st, out);
+        st = build(tmpl, r, lim ? lim - s->n + 1 : 0, &sch);
+        if (st == WEFT_ERR_UNSUPPORTED && lim && weft_algo_serves(tmpl->algo, tmpl->variant,
+                                                                  tmpl->coll))
+            st = weft_error(NULL, WEFT_ERR_UNSUPPORTED,
+                            "sim: %d ranks' schedules hold over %zu steps (%zu in ranks 0-%d), "
+                            "over the limit, and no symmetry lets fewer ranks stand for them",
+                            s->p, lim, s->n, r);
+        if (st != WEFT_OK)
+            goto out;
         WEFT_CHECK_GOTO(add_rank(s, r, &sch), st, out);
-        double projected = (double)s->n / (r + 1) * s->p;
+        double projected = (double)s->n;
+        if (r >= 63)
+            projected += (double)(s->n - s->rank_off[r - 31]) / 32 * (s->p - r - 1);
         if (lim && (s->n > lim || (r >= 63 && projected > 4.0 * (double)lim))) {
             st = weft_error(NULL, WEFT_ERR_UNSUPPORTED,
                             "sim: %d ranks' schedules hold about %.3g steps, over the limit of "
@@ -258,8 +283,11 @@ static weft_status_t load(struct sim *s, const struct weft_coll_desc *tmpl,
                             s->p, projected, lim);
             goto out;
         }
+        if (r == 31)
+            t32 = seconds_now();
         if (r == 63 && s->m->max_build_seconds > 0) {
-            double secs = (seconds_now() - t0) / 64 * s->p;
+            /* The same projection as for the steps, by the last 32 ranks. */
+            double now = seconds_now(), secs = now - t0 + (now - t32) / 32 * (s->p - 64);
             if (secs > s->m->max_build_seconds) {
                 st = weft_error(NULL, WEFT_ERR_UNSUPPORTED,
                                 "sim: building %d ranks' schedules would take about %.2g s, over "
@@ -851,7 +879,7 @@ static bool group_fits(const struct sim *g, const struct weft_coll_desc *tmpl,
     for (int a = 0; a < g->nrep; a++)
         for (int i = 0; i < (all ? orbit - 1 : npick); i++) {
             int b = a + (all ? i + 1 : pick[i]) * g->nrep;
-            *st = build(tmpl, b, tmp);
+            *st = build(tmpl, b, g->m->max_steps, tmp);
             if (*st != WEFT_OK || !moved_same(g, b, &reps[a], tmp))
                 return false;
         }
@@ -896,7 +924,7 @@ static weft_status_t run_symmetric(const struct weft_coll_desc *tmpl,
         if (!cand[c].ok)
             continue;
         for (; built < cand[c].unit; built++)
-            WEFT_CHECK_GOTO(build(tmpl, built, &reps[built]), st, out);
+            WEFT_CHECK_GOTO(build(tmpl, built, m->max_steps, &reps[built]), st, out);
         struct sim g = {.m = m, .p = p, .nrep = cand[c].unit, .gkind = cand[c].kind};
         if (!group_fits(&g, tmpl, reps, &tmp, &st)) {
             if (st != WEFT_OK)

@@ -42,14 +42,16 @@ struct weft_sim_model {
     int sym_ppn;
     /* Most steps a run of every rank may hold (0: as many as memory
      * allows); a schedule over the limit is WEFT_ERR_UNSUPPORTED, found
-     * before most of it is built. */
+     * before most of it is built: every build is capped at the steps left
+     * (weft_schedule.max_steps), so memory stays within the limit even
+     * for one rank's schedule larger than it. */
     size_t max_steps;
     /* Most seconds building every rank's schedule may take (0: no limit),
-     * projected from the first 64 ranks: the builders loop over all ranks
-     * or rounds, so p ranks cost O(p^2) whatever the steps (8 s for a
-     * ring of 16,384 ranks).  Over it is WEFT_ERR_UNSUPPORTED; being a
-     * clock, it decides only whether a prediction is made, never its
-     * value. */
+     * projected from the first 64 ranks: ring and direct build in time
+     * proportional to their steps, but hier scans the node table, so p
+     * ranks cost O(p^2) whatever the steps (1.4 s at 16,384 ranks).  Over
+     * it is WEFT_ERR_UNSUPPORTED; being a clock, it decides only whether
+     * a prediction is made, never its value. */
     double max_build_seconds;
 };
 
