@@ -108,6 +108,21 @@ static size_t block_len(const struct direct *g, size_t n, int b)
     return n / (size_t)g->p + ((size_t)b < n % (size_t)g->p);
 }
 
+/* The first k >= k0 (below p, else p) whose peer r+k (dir 1) or r-k
+ * (dir -1) holds one of the nb non-empty blocks 0..nb-1: with a count
+ * below p the rest are empty, and walking past them one by one would
+ * make a build O(p) whatever it emits. */
+static int next_peer(const struct direct *g, int k0, int dir, size_t nb)
+{
+    if (nb == 0 || k0 >= g->p)
+        return g->p;
+    size_t j = (size_t)peer_at(g, dir * k0);
+    if (j < nb)
+        return k0;
+    /* forward: wrap to block 0; backward: fall to block nb-1 */
+    return k0 + (int)(dir > 0 ? (size_t)g->p - j : j - nb + 1);
+}
+
 static weft_status_t build_allreduce(struct direct *g, size_t n)
 {
     if (g->p == 1)
@@ -124,10 +139,11 @@ static weft_status_t build_allreduce(struct direct *g, size_t n)
         return weft_error(NULL, WEFT_ERR_NO_MEMORY, "direct: cannot allocate %zu chunk marks",
                           (peers + 1) * maxch);
     int32_t *final = sent + peers * maxch;
+    size_t nb = n / (size_t)g->p ? (size_t)g->p : n % (size_t)g->p; /* non-empty blocks */
     weft_status_t st = WEFT_OK;
     for (size_t c = 0; c < maxch; c++) {
         size_t co = c * g->chunk;
-        for (int k = 1; k < g->p; k++) {
+        for (int k = next_peer(g, 1, 1, nb); k < g->p; k = next_peer(g, k + 1, 1, nb)) {
             int j = peer_at(g, k);
             size_t len = chunk_len(g, block_len(g, n, j), c);
             if (len)
@@ -145,7 +161,7 @@ static weft_status_t build_allreduce(struct direct *g, size_t n)
             WEFT_CHECK_GOTO(emit_send(g, WEFT_BUF_RECV, peer_at(g, k), own_off + co, len,
                                       final[c], NULL),
                             st, out);
-        for (int k = 1; k < g->p; k++) {
+        for (int k = next_peer(g, 1, -1, nb); k < g->p; k = next_peer(g, k + 1, -1, nb)) {
             int j = peer_at(g, -k);
             size_t jlen = chunk_len(g, block_len(g, n, j), c);
             /* block j went to rank j as the send to r + (p - k) */

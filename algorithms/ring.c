@@ -134,6 +134,26 @@ static size_t ar_block_len(const struct ring *g, size_t n, int b)
     return n / p + ((size_t)b < n % p);
 }
 
+/* The first round k >= k0 whose block (c - k) mod p is one of the nb
+ * non-empty ones (blocks 0..nb-1: a count below p leaves the rest empty),
+ * or SIZE_MAX.  Skipping rounds with nothing to move keeps a build
+ * O(steps) instead of O(p): the dependencies a skipped round would have
+ * left are never read, since a block's send follows its receive in the
+ * round just before. */
+static size_t next_round(const struct ring *g, long long c, size_t k0, size_t nb)
+{
+    if (nb == 0)
+        return SIZE_MAX;
+    size_t b = (size_t)ring_mod(g, c - (long long)k0);
+    return b < nb ? k0 : k0 + (b - nb + 1);
+}
+
+/* The first round k >= k0 that sends block (c - k) or receives (c - k - 1). */
+static size_t next_busy(const struct ring *g, long long c, size_t k0, size_t nb)
+{
+    return WEFT_MIN(next_round(g, c, k0, nb), next_round(g, c - 1, k0, nb));
+}
+
 static weft_status_t build_allreduce(struct ring *g, size_t n)
 {
     if (g->p == 1)
@@ -152,7 +172,9 @@ static weft_status_t build_allreduce(struct ring *g, size_t n)
         goto out;
     }
 
-    for (size_t k = 0; k < rounds; k++) {
+    size_t nb = n / (size_t)g->p ? (size_t)g->p : n % (size_t)g->p; /* non-empty blocks */
+    for (size_t k = next_busy(g, g->rank, 0, nb); k < rounds;
+         k = next_busy(g, g->rank, k + 1, nb)) {
         int sb = ring_mod(g, (long long)g->rank - (long long)k);
         int tb = ring_mod(g, (long long)g->rank - (long long)k - 1);
         size_t slen = ar_block_len(g, n, sb), soff = ar_block_off(g, n, sb);
@@ -176,7 +198,8 @@ static weft_status_t build_allreduce(struct ring *g, size_t n)
         marks_swap(&m);
     }
 
-    for (size_t k = 0; k < rounds; k++) {
+    for (size_t k = next_busy(g, (long long)g->rank + 1, 0, nb); k < rounds;
+         k = next_busy(g, (long long)g->rank + 1, k + 1, nb)) {
         int sb = ring_mod(g, (long long)g->rank + 1 - (long long)k);
         int tb = ring_mod(g, (long long)g->rank - (long long)k);
         size_t slen = ar_block_len(g, n, sb), soff = ar_block_off(g, n, sb);

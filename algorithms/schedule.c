@@ -24,7 +24,7 @@ void weft_sched_free(struct weft_schedule *s)
 int32_t weft_sched_add(struct weft_schedule *s, const struct weft_step *st)
 {
     /* Steps are named by int32 indices in deps[], so that is the limit. */
-    if (s->nsteps >= (size_t)INT32_MAX)
+    if (s->nsteps >= (size_t)INT32_MAX || (s->max_steps && s->nsteps >= s->max_steps))
         return -1;
     if (s->nsteps == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 16;
@@ -44,6 +44,9 @@ weft_status_t weft_sched_push(struct weft_schedule *s, const char *who, const st
                               int32_t *idx)
 {
     int32_t i = weft_sched_add(s, st);
+    if (i < 0 && s->max_steps && s->nsteps >= s->max_steps)
+        return weft_error(NULL, WEFT_ERR_UNSUPPORTED, "%s: schedule over its limit of %zu steps",
+                          who, s->max_steps);
     if (i < 0)
         return weft_error(NULL, WEFT_ERR_NO_MEMORY, "%s: cannot grow a schedule past %zu steps",
                           who, s->nsteps);

@@ -62,6 +62,11 @@ struct weft_schedule {
     struct weft_step *steps;
     size_t nsteps, cap;
     size_t scratch_count; /* elements of WEFT_BUF_SCRATCH the schedule uses */
+    /* Most steps it may grow to (0: no limit; weft_sched_init sets 0): a
+     * build that would pass it stops with WEFT_ERR_UNSUPPORTED, so that
+     * the simulator refuses a schedule too large to run (direct's root at
+     * 1 GiB on 16,384 ranks: 33 M steps) having held at most this many. */
+    size_t max_steps;
 };
 
 /* The algorithm families, one file each, listed in algorithms/list.h
@@ -117,10 +122,12 @@ bool weft_algo_serves(enum weft_algo algo, int variant, enum weft_coll coll) WEF
 
 void weft_sched_init(struct weft_schedule *s) WEFT_HIDDEN;
 void weft_sched_free(struct weft_schedule *s) WEFT_HIDDEN;
-/* Appends a step; returns its index, or -1 when out of memory. */
+/* Appends a step; returns its index, or -1 when out of memory or at
+ * s->max_steps. */
 int32_t weft_sched_add(struct weft_schedule *s, const struct weft_step *st) WEFT_HIDDEN;
 /* Appends *st; *idx (when not NULL) gets its index.  Out of memory is
- * WEFT_ERR_NO_MEMORY with a message naming who. */
+ * WEFT_ERR_NO_MEMORY with a message naming who, s->max_steps reached
+ * WEFT_ERR_UNSUPPORTED. */
 weft_status_t weft_sched_push(struct weft_schedule *s, const char *who, const struct weft_step *st,
                               int32_t *idx) WEFT_HIDDEN;
 /* Appends a step with one dependency (-1: none), the builders' common

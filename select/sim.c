@@ -17,10 +17,10 @@
  * (ranks first would let rank 0's whole fan-out reserve the ports ahead of
  * the others' first messages).
  *
- * With a symmetry (sim.h), only the representatives' steps are loaded: a
- * message step's partner is the matching step of its peer's
- * representative, found by moving both ranks with the permutation that
- * takes the peer to it.
+ * With a symmetry (sim.h; sim_sym.c finds it), only the representatives'
+ * steps are loaded: a message step's partner is the matching step of its
+ * peer's representative, found by moving both ranks with the permutation
+ * that takes the peer to it.
  */
 #include "select/sim.h"
 
@@ -33,14 +33,6 @@
 #include "select/topo.h"
 
 #define NONE UINT32_MAX
-/* A symmetry check builds every rank when that is at most CHECK_ALL_STEPS
- * steps and CHECK_ALL_RANKS ranks, else CHECK_SOME ranks of each class. */
-#define CHECK_ALL_STEPS ((size_t)4 << 20)
-#define CHECK_ALL_RANKS 2048
-#define CHECK_SOME 4
-
-/* How a rank maps onto its representative (rank % nrep). */
-enum { G_NONE, G_ROT, G_XOR };
 /* Dependents are indexed with uint32 offsets (at most 3 per step). */
 #define MAX_STEPS ((size_t)(UINT32_MAX / 4))
 
@@ -78,7 +70,7 @@ struct sim {
     const struct weft_sim_model *m;
     int p;     /* ranks of the collective */
     int nrep;  /* ranks run: p, or the representatives 0 .. nrep-1 */
-    int gkind; /* G_*; G_NONE when nrep == p */
+    int gkind; /* enum weft_sim_group; WEFT_SIM_G_NONE when nrep == p */
     struct sstep *st;
     size_t n, cap;
     uint32_t *deps;    /* (n, 3) global ids of deps, NONE pads; freed after indexing */
@@ -119,22 +111,9 @@ static int rep_of(const struct sim *s, int q)
     return q % s->nrep;
 }
 
-/* x moved by the permutation that takes rank q to its representative. */
 static int to_rep(const struct sim *s, int q, int x)
 {
-    int d = q - q % s->nrep;
-    if (s->gkind == G_XOR)
-        return x ^ d;
-    return x - d < 0 ? x - d + s->p : x - d;
-}
-
-/* x moved by the permutation that takes rank b's representative to b. */
-static int from_rep(const struct sim *s, int b, int x)
-{
-    int d = b - b % s->nrep;
-    if (s->gkind == G_XOR)
-        return x ^ d;
-    return x + d >= s->p ? x + d - s->p : x + d;
+    return weft_sim_to_rep(s->p, s->nrep, s->gkind, q, x);
 }
 
 /* ---- loading ------------------------------------------------------------------ */
@@ -220,26 +199,44 @@ static double seconds_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Builds rank r's schedule into sch. */
-static weft_status_t build(const struct weft_coll_desc *tmpl, int r, struct weft_schedule *sch)
+/* Builds rank r's schedule into sch, of at most limit steps (0: any):
+ * the builder stops at the limit, so a schedule too large to run (direct's
+ * root at 1 GiB on 16,384 ranks, 33 M steps) is refused having cost no
+ * more than the limit in memory. */
+weft_status_t weft_sim_build_rank(const struct weft_coll_desc *tmpl, int r, size_t limit,
+                                  struct weft_schedule *sch)
 {
     struct weft_coll_desc d = *tmpl;
     d.rank = r;
-    return weft_sched_build(&d, sch);
+    sch->max_steps = limit;
+    weft_status_t st = weft_sched_build(&d, sch);
+    /* A family that serves the collective refuses only at the limit. */
+    if (st == WEFT_ERR_UNSUPPORTED && limit && weft_algo_serves(d.algo, d.variant, d.coll))
+        st = weft_error(NULL, WEFT_ERR_UNSUPPORTED,
+                        "sim: rank %d's schedule alone is over the limit of %zu steps, and no "
+                        "symmetry lets fewer of the %d ranks stand for the others",
+                        r, limit, tmpl->nranks);
+    return st;
 }
 
 /* Every rank's schedule, or (reps set) the representatives' already built.
  * Without them, m->max_steps bounds the steps; once 64 ranks are in, a
- * projection over 4 times the limit stops the building early. */
+ * projection over 1.5 times the limit stops the building early.  It goes
+ * by the last 32 ranks built, not all: with a count below p only the first
+ * ranks hold blocks (direct's ranks 0 and 1 send to every rank, the others
+ * four messages), and averaging them in would refuse runs that fit; being
+ * closer, it needs less slack than the average's 4 times, and refusing
+ * sooner saves building 4 M steps for each cell that is over (1 s of a
+ * broadcast sweep on 16,384 ranks). */
 static weft_status_t load(struct sim *s, const struct weft_coll_desc *tmpl,
                           const struct weft_schedule *reps)
 {
     struct weft_schedule sch;
     weft_sched_init(&sch);
     size_t lim = s->m->max_steps;
-    double t0 = seconds_now();
+    double t0 = seconds_now(), t32 = t0;
     weft_status_t st = WEFT_OK;
-    if (s->gkind != G_NONE)
+    if (s->gkind != WEFT_SIM_G_NONE)
         shape_add(s, (uint64_t)s->gkind << 32 | (uint64_t)s->nrep);
     for (int r = 0; r < s->nrep; r++) {
         s->rank_off[r] = s->n;
@@ -248,18 +245,31 @@ static weft_status_t load(struct sim *s, const struct weft_coll_desc *tmpl,
             WEFT_CHECK_GOTO(add_rank(s, r, &reps[r]), st, out);
             continue;
         }
-        WEFT_CHECK_GOTO(build(tmpl, r, &sch), st, out);
+        st = weft_sim_build_rank(tmpl, r, lim ? lim - s->n + 1 : 0, &sch);
+        if (st == WEFT_ERR_UNSUPPORTED && lim && weft_algo_serves(tmpl->algo, tmpl->variant,
+                                                                  tmpl->coll))
+            st = weft_error(NULL, WEFT_ERR_UNSUPPORTED,
+                            "sim: ranks 0-%d of %d hold over %zu steps, over the limit of "
+                            "%zu, and no symmetry lets fewer ranks stand for them",
+                            r, s->p, lim, lim);
+        if (st != WEFT_OK)
+            goto out;
         WEFT_CHECK_GOTO(add_rank(s, r, &sch), st, out);
-        double projected = (double)s->n / (r + 1) * s->p;
-        if (lim && (s->n > lim || (r >= 63 && projected > 4.0 * (double)lim))) {
+        double projected = (double)s->n;
+        if (r >= 63)
+            projected += (double)(s->n - s->rank_off[r - 31]) / 32 * (s->p - r - 1);
+        if (lim && (s->n > lim || (r >= 63 && projected > 1.5 * (double)lim))) {
             st = weft_error(NULL, WEFT_ERR_UNSUPPORTED,
                             "sim: %d ranks' schedules hold about %.3g steps, over the limit of "
                             "%zu, and no symmetry lets fewer ranks stand for them",
                             s->p, projected, lim);
             goto out;
         }
+        if (r == 31)
+            t32 = seconds_now();
         if (r == 63 && s->m->max_build_seconds > 0) {
-            double secs = (seconds_now() - t0) / 64 * s->p;
+            /* The same projection as for the steps, by the last 32 ranks. */
+            double now = seconds_now(), secs = now - t0 + (now - t32) / 32 * (s->p - 64);
             if (secs > s->m->max_build_seconds) {
                 st = weft_error(NULL, WEFT_ERR_UNSUPPORTED,
                                 "sim: building %d ranks' schedules would take about %.2g s, over "
@@ -413,10 +423,10 @@ static weft_status_t match(struct sim *s, bool *open)
      * all matched unless there are more of them: name who has extra. */
     if (nrecv != nsend) {
         WEFT_CHECK_GOTO(walk(s, rk, roff, sk, soff, false, W_COUNT, open), st, out);
-        st = s->gkind != G_NONE ? (*open = true, WEFT_OK)
+        st = s->gkind != WEFT_SIM_G_NONE ? (*open = true, WEFT_OK)
                                 : weft_error(NULL, WEFT_ERR_INTERNAL, "sim: %zu sends, %zu receives",
                                              nsend, nrecv);
-    } else if (s->gkind != G_NONE) {
+    } else if (s->gkind != WEFT_SIM_G_NONE) {
         WEFT_CHECK_GOTO(walk(s, rk, roff, sk, soff, false, W_CHECK, open), st, out);
     }
 out:
@@ -724,9 +734,9 @@ static weft_status_t run(struct sim *s)
 
 /* One run over nrep ranks (every rank, or the representatives of group
  * gkind, whose schedules reps holds); *open: the group did not fit. */
-static weft_status_t simulate(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
-                              int nrep, int gkind, const struct weft_schedule *reps,
-                              struct weft_sim_result *res, bool *open)
+weft_status_t weft_sim_simulate(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
+                                int nrep, int gkind, const struct weft_schedule *reps,
+                                struct weft_sim_result *res, bool *open)
 {
     struct sim s = {.m = m, .p = tmpl->nranks, .nrep = nrep, .gkind = gkind};
     size_t n = (size_t)nrep;
@@ -783,7 +793,9 @@ static weft_status_t simulate(const struct weft_coll_desc *tmpl, const struct we
     for (size_t i = 0; i < 2 * n; i++)
         res->port_seconds = max2(res->port_seconds, s.busy[i]);
     res->ranks_run = nrep;
-    res->symmetry = gkind == G_ROT ? "rotation" : gkind == G_XOR ? "xor" : "none";
+    res->symmetry = gkind == WEFT_SIM_G_ROT   ? "rotation"
+                    : gkind == WEFT_SIM_G_XOR ? "xor"
+                                              : "none";
 out:
     free(s.core);
     free(s.core_off);
@@ -799,122 +811,6 @@ out:
     free(s.rport);
     free(s.sport);
     free(s.rank_off);
-    return st;
-}
-
-/* Whether got (rank b's schedule) is rep (its representative's) with every
- * peer moved as the representative is moved to b. */
-static bool moved_same(const struct sim *g, int b, const struct weft_schedule *rep,
-                       const struct weft_schedule *got)
-{
-    if (rep->nsteps != got->nsteps)
-        return false;
-    for (size_t k = 0; k < rep->nsteps; k++) {
-        const struct weft_step *x = &rep->steps[k], *y = &got->steps[k];
-        if (x->kind != y->kind || x->count != y->count || x->deps[0] != y->deps[0] ||
-            x->deps[1] != y->deps[1] || x->deps[2] != y->deps[2])
-            return false;
-        if (x->kind != WEFT_STEP_COPY && y->peer != from_rep(g, b, x->peer))
-            return false;
-    }
-    return true;
-}
-/* splitmix64 of x: the pseudo-random members a sampled check looks at. */
-static uint64_t mix(uint64_t x)
-{
-    uint64_t z = x + 0x9e3779b97f4a7c15ULL;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-/* Whether every rank's schedule is its representative's (reps, ranks
- * 0 .. g->nrep-1) moved by group g->gkind; see sim.h for which ranks are
- * built.  A failed build is an error (*st). */
-static bool group_fits(const struct sim *g, const struct weft_coll_desc *tmpl,
-                       const struct weft_schedule *reps, struct weft_schedule *tmp,
-                       weft_status_t *st)
-{
-    int orbit = g->p / g->nrep; /* ranks per class */
-    size_t steps = 0;
-    for (int a = 0; a < g->nrep; a++)
-        steps += reps[a].nsteps;
-    bool all = (double)steps * orbit <= (double)CHECK_ALL_STEPS && g->p <= CHECK_ALL_RANKS;
-    int pick[CHECK_SOME], npick = 0;
-    if (!all) {
-        /* The next rank of the orbit, the far side, the last, one more. */
-        pick[npick++] = 1;
-        pick[npick++] = orbit / 2;
-        pick[npick++] = orbit - 1;
-        pick[npick++] = 1 + (int)(mix((uint64_t)orbit) % (uint64_t)(orbit - 1));
-    }
-    for (int a = 0; a < g->nrep; a++)
-        for (int i = 0; i < (all ? orbit - 1 : npick); i++) {
-            int b = a + (all ? i + 1 : pick[i]) * g->nrep;
-            *st = build(tmpl, b, tmp);
-            if (*st != WEFT_OK || !moved_same(g, b, &reps[a], tmp))
-                return false;
-        }
-    return true;
-}
-
-static bool pow2(int x)
-{
-    return x > 0 && (x & (x - 1)) == 0;
-}
-
-/* Runs the representatives of the first group that fits (sim.h); *found
- * is false when none does. */
-static weft_status_t run_symmetric(const struct weft_coll_desc *tmpl,
-                                   const struct weft_sim_model *m, struct weft_sim_result *res,
-                                   bool *found)
-{
-    int p = tmpl->nranks, ppn = m->sym_ppn < p ? m->sym_ppn : p;
-    *found = false;
-    if (p % ppn != 0)
-        return WEFT_OK;
-    bool one_level = ppn == p || ppn == 1;
-    const struct {
-        int unit, kind;
-        bool ok;
-    } cand[] = {
-        {1, G_XOR, pow2(p) && pow2(ppn)},
-        {1, G_ROT, one_level},
-        {ppn, G_XOR, !one_level && pow2(p) && pow2(ppn)},
-        {ppn, G_ROT, !one_level},
-    };
-    int ncand = (int)(sizeof(cand) / sizeof(cand[0]));
-    struct weft_schedule *reps = calloc((size_t)ppn, sizeof(*reps)), tmp;
-    if (!reps)
-        return weft_error(NULL, WEFT_ERR_NO_MEMORY, "sim: cannot hold %d schedules", ppn);
-    weft_sched_init(&tmp);
-    for (int a = 0; a < ppn; a++)
-        weft_sched_init(&reps[a]);
-    int built = 0;
-    weft_status_t st = WEFT_OK;
-    for (int c = 0; c < ncand && !*found; c++) {
-        if (!cand[c].ok)
-            continue;
-        for (; built < cand[c].unit; built++)
-            WEFT_CHECK_GOTO(build(tmpl, built, &reps[built]), st, out);
-        struct sim g = {.m = m, .p = p, .nrep = cand[c].unit, .gkind = cand[c].kind};
-        if (!group_fits(&g, tmpl, reps, &tmp, &st)) {
-            if (st != WEFT_OK)
-                goto out;
-            continue;
-        }
-        bool open = false;
-        st = simulate(tmpl, m, g.nrep, g.gkind, reps, res, &open);
-        /* A group that fits the sampled ranks but does not close, or that
-         * meets an error, leaves it to the run of every rank. */
-        *found = st == WEFT_OK && !open;
-        st = WEFT_OK;
-    }
-out:
-    for (int a = 0; a < ppn; a++)
-        weft_sched_free(&reps[a]);
-    free(reps);
-    weft_sched_free(&tmp);
     return st;
 }
 
@@ -935,12 +831,12 @@ weft_status_t weft_sim_run(const struct weft_coll_desc *tmpl, const struct weft_
                           m->max_build_seconds);
     if (m->sym_ppn > 0 && tmpl->nranks > 1 && !m->cpu_group && !m->host) {
         bool found = false;
-        WEFT_CHECK(run_symmetric(tmpl, m, res, &found));
+        WEFT_CHECK(weft_sim_symmetric(tmpl, m, res, &found));
         if (found)
             return WEFT_OK;
     }
     bool open = false;
-    return simulate(tmpl, m, tmpl->nranks, G_NONE, NULL, res, &open);
+    return weft_sim_simulate(tmpl, m, tmpl->nranks, WEFT_SIM_G_NONE, NULL, res, &open);
 }
 
 weft_status_t weft_sim_predict(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,

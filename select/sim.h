@@ -42,14 +42,16 @@ struct weft_sim_model {
     int sym_ppn;
     /* Most steps a run of every rank may hold (0: as many as memory
      * allows); a schedule over the limit is WEFT_ERR_UNSUPPORTED, found
-     * before most of it is built. */
+     * before most of it is built: every build is capped at the steps left
+     * (weft_schedule.max_steps), so memory stays within the limit even
+     * for one rank's schedule larger than it. */
     size_t max_steps;
     /* Most seconds building every rank's schedule may take (0: no limit),
-     * projected from the first 64 ranks: the builders loop over all ranks
-     * or rounds, so p ranks cost O(p^2) whatever the steps (8 s for a
-     * ring of 16,384 ranks).  Over it is WEFT_ERR_UNSUPPORTED; being a
-     * clock, it decides only whether a prediction is made, never its
-     * value. */
+     * projected from the first 64 ranks: ring and direct build in time
+     * proportional to their steps, but hier scans the node table, so p
+     * ranks cost O(p^2) whatever the steps (1.4 s at 16,384 ranks).  Over
+     * it is WEFT_ERR_UNSUPPORTED; being a clock, it decides only whether
+     * a prediction is made, never its value. */
     double max_build_seconds;
 };
 
@@ -154,5 +156,47 @@ void weft_sim_two_level(struct weft_sim_model *m, const struct weft_sim_cluster 
  * above).  A pair outside the table gets a NaN cost, which
  * weft_sim_predict rejects. */
 void weft_sim_link_table(struct weft_sim_model *m, const struct weft_link_table *tab) WEFT_HIDDEN;
+
+/* ---- between sim.c and sim_sym.c (nothing else uses these) ----------------
+ * sim_sym.c looks for a group and builds its representatives, sim.c runs
+ * them.  A group's classes are ranks 0 .. nrep-1 (rank q's is q % nrep);
+ * rotation moves rank q to its representative by q - q % nrep, xor by
+ * q ^ (q - q % nrep). */
+enum weft_sim_group { WEFT_SIM_G_NONE, WEFT_SIM_G_ROT, WEFT_SIM_G_XOR };
+
+/* x moved by the permutation (of kind, on p ranks) that takes rank q to
+ * its representative. */
+static inline int weft_sim_to_rep(int p, int nrep, int kind, int q, int x)
+{
+    int d = q - q % nrep;
+    if (kind == WEFT_SIM_G_XOR)
+        return x ^ d;
+    return x - d < 0 ? x - d + p : x - d;
+}
+
+/* x moved by the permutation that takes rank b's representative to b. */
+static inline int weft_sim_from_rep(int p, int nrep, int kind, int b, int x)
+{
+    int d = b - b % nrep;
+    if (kind == WEFT_SIM_G_XOR)
+        return x ^ d;
+    return x + d >= p ? x + d - p : x + d;
+}
+
+/* Builds rank r's schedule of tmpl into sch, of at most limit steps (0:
+ * any); over the limit is WEFT_ERR_UNSUPPORTED (sim.c). */
+weft_status_t weft_sim_build_rank(const struct weft_coll_desc *tmpl, int r, size_t limit,
+                                  struct weft_schedule *sch) WEFT_HIDDEN;
+/* Runs ranks 0 .. nrep-1 (reps: their schedules, or NULL to build every
+ * rank, nrep == p) under group kind; *open: the pairing of messages did
+ * not close under the group, and nothing was run (sim.c). */
+weft_status_t weft_sim_simulate(const struct weft_coll_desc *tmpl, const struct weft_sim_model *m,
+                                int nrep, int kind, const struct weft_schedule *reps,
+                                struct weft_sim_result *res, bool *open) WEFT_HIDDEN;
+/* Runs the representatives of the first group that fits (weft_sim_run's
+ * comment); *found is false when none does (sim_sym.c). */
+weft_status_t weft_sim_symmetric(const struct weft_coll_desc *tmpl,
+                                 const struct weft_sim_model *m, struct weft_sim_result *res,
+                                 bool *found) WEFT_HIDDEN;
 
 #endif /* WEFT_SIM_H */

@@ -660,6 +660,40 @@ Test(sim, step_limit)
     cr_expect_eq(weft_sim_run(&d, &m, &r), WEFT_ERR_INVALID_ARG);
 }
 
+/* One schedule larger than the limit (direct's broadcast root: p - 1 sends
+ * a chunk) is refused by its builder at the limit, not built whole and
+ * then counted, so memory stays within it. */
+Test(sim, step_limit_stops_the_builder)
+{
+    struct weft_coll_desc d = {.coll = WEFT_COLL_BROADCAST, .nranks = 64, .count = 1000,
+                               .chunk = 1, .algo = WEFT_ALGO_DIRECT};
+    struct weft_schedule s;
+    weft_sched_init(&s);
+    s.max_steps = 500; /* the root's schedule: 63 x 1000 sends and a copy */
+    cr_expect_eq(weft_sched_build(&d, &s), WEFT_ERR_UNSUPPORTED);
+    cr_expect_eq(s.nsteps, 0);
+    cr_expect_leq(s.cap, 512, "the builder grew the schedule to %zu steps", s.cap);
+    cr_expect(strstr(weft_thread_last_error(), "limit of 500"), "%s", weft_thread_last_error());
+    d.rank = 1; /* 1000 receives: over too */
+    cr_expect_eq(weft_sched_build(&d, &s), WEFT_ERR_UNSUPPORTED);
+    d.count = 400;
+    cr_expect_eq(weft_sched_build(&d, &s), WEFT_OK);
+    cr_expect_eq(s.nsteps, 400);
+    weft_sched_free(&s);
+
+    struct weft_sim_cluster cl = {.ppn = 4, .intra_alpha = 1e-6, .intra_beta = 1e-10,
+                                  .inter_alpha = 5e-6, .inter_beta = 1e-9};
+    struct weft_sim_model m = uniform_model();
+    weft_sim_two_level(&m, &cl);
+    m.max_steps = 10000;
+    d.count = 1000;
+    struct weft_sim_result r;
+    cr_expect_eq(weft_sim_run(&d, &m, &r), WEFT_ERR_UNSUPPORTED);
+    cr_expect(strstr(weft_thread_last_error(), "limit of 10000"), "%s", weft_thread_last_error());
+    m.max_steps = 0;
+    cr_expect_eq(weft_sim_run(&d, &m, &r), WEFT_OK, "%s", weft_thread_last_error());
+}
+
 /* weft-sim --compare: the p = 1024 comparison's tool, here on 32 ranks. */
 Test(weft_sim, compare_symmetric_with_every_rank)
 {
