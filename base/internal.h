@@ -177,6 +177,9 @@ static inline int weft_ms_left(uint64_t deadline_ns)
 /* Page-aligned, touched once, huge pages asked for when large.  Freed with
  * weft_buf_free(p, bytes). */
 void *weft_buf_alloc(size_t bytes) WEFT_HIDDEN;
+/* The same mapping, not touched: for memory whose used part is decided
+ * (and touched) later.  Freed with weft_buf_free. */
+void *weft_buf_reserve(size_t bytes) WEFT_HIDDEN;
 void weft_buf_free(void *p, size_t bytes) WEFT_HIDDEN;
 
 #endif /* WEFT_INTERNAL_H */

@@ -10,7 +10,7 @@
 
 #define HUGE_THRESHOLD (2u << 20)
 
-void *weft_buf_alloc(size_t bytes)
+void *weft_buf_reserve(size_t bytes)
 {
     if (bytes == 0)
         bytes = 1;
@@ -19,7 +19,14 @@ void *weft_buf_alloc(size_t bytes)
         return NULL;
     if (bytes >= HUGE_THRESHOLD)
         madvise(p, bytes, MADV_HUGEPAGE);
-    memset(p, 0, bytes);
+    return p;
+}
+
+void *weft_buf_alloc(size_t bytes)
+{
+    void *p = weft_buf_reserve(bytes);
+    if (p != NULL)
+        memset(p, 0, bytes);
     return p;
 }
 
