@@ -66,16 +66,16 @@ static int build_tensors(const struct model_config *c, struct tensor *t)
     size_t V = c->vocab, C = c->channels, MT = c->max_t, off = 0;
     int n = 0;
     add_tensor(t, &n, &off, "wte", -1, 0, V * C);
-    add_tensor(t, &n, &off, "wpe", -1, 0, MT * C);
+    add_tensor(t, &n, &off, "wpe", -1, 1, MT * C);
     static const char *const names[12] = { "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
                                            "ln2w", "ln2b", "fcw",  "fcb",  "fcprojw",  "fcprojb" };
     const size_t lens[12] = { C, C, 3 * C * C, 3 * C, C * C,     C,
                               C, C, 4 * C * C, 4 * C, C * 4 * C, C };
     for (int l = 0; l < c->layers; l++)
         for (int k = 0; k < 12; k++)
-            add_tensor(t, &n, &off, names[k], l, 1 + l, lens[k]);
-    add_tensor(t, &n, &off, "lnfw", -1, c->layers + 1, C);
-    add_tensor(t, &n, &off, "lnfb", -1, c->layers + 1, C);
+            add_tensor(t, &n, &off, names[k], l, 2 + l, lens[k]);
+    add_tensor(t, &n, &off, "lnfw", -1, c->layers + 2, C);
+    add_tensor(t, &n, &off, "lnfb", -1, c->layers + 2, C);
     return n;
 }
 
@@ -104,7 +104,7 @@ Test(model, layout_matches_header)
     const struct model_layout *lay = model_layout(m);
     struct tensor t[MAX_TENSORS];
     int nt = build_tensors(&tiny, t);
-    cr_assert_eq(lay->nunits, tiny.layers + 2);
+    cr_assert_eq(lay->nunits, tiny.layers + 3);
     cr_assert_eq(lay->total, t[nt - 1].off + t[nt - 1].len);
     for (int u = 0; u < lay->nunits; u++) {
         size_t lo = SIZE_MAX, hi = 0;
@@ -461,7 +461,7 @@ Test(model, hooks_flat_offsets_are_bitwise_equal_and_ordered)
     float l0 = case_step(&c, c.params, c.g0, NULL);
 
     struct rec r = { .lay = c.lay, .params = c.params, .grads = c.g1 };
-    struct model_hooks h = { &r, rec_params, rec_params_done, rec_grads, rec_grads_done };
+    struct model_hooks h = { &r, rec_params, rec_params_done, rec_grads, rec_grads_done, NULL };
     /* The model must use the hooks' pointers, not the flat buffers: pass
      * none. */
     memset(c.g1, 0, bytes);
@@ -471,17 +471,17 @@ Test(model, hooks_flat_offsets_are_bitwise_equal_and_ordered)
     cr_assert(memcmp(c.g0, c.g1, bytes) == 0, "gradients differ with hooks");
 
     /* The documented sequence (model.c's header), for L = 2. */
-    int EMB = 0, LNF = L + 1, want_ev[64], want_u[64], n = 0;
+    int WTE = 0, WPE = 1, LNF = L + 2, want_ev[64], want_u[64], n = 0;
 #define W_(e, u) (want_ev[n] = (e), want_u[n++] = (u))
-    W_(EV_P, EMB), W_(EV_PD, EMB);
+    W_(EV_P, WTE), W_(EV_P, WPE), W_(EV_PD, WPE), W_(EV_PD, WTE);
     for (int l = 0; l < L; l++)
-        W_(EV_P, 1 + l), W_(EV_PD, 1 + l);
-    W_(EV_P, LNF), W_(EV_P, EMB), W_(EV_PD, EMB), W_(EV_PD, LNF);
-    W_(EV_P, LNF), W_(EV_P, EMB), W_(EV_G, LNF), W_(EV_G, EMB);
-    W_(EV_PD, EMB), W_(EV_PD, LNF), W_(EV_GD, LNF);
+        W_(EV_P, 2 + l), W_(EV_PD, 2 + l);
+    W_(EV_P, LNF), W_(EV_P, WTE), W_(EV_PD, WTE), W_(EV_PD, LNF);
+    W_(EV_P, LNF), W_(EV_P, WTE), W_(EV_G, LNF);
+    W_(EV_PD, WTE), W_(EV_PD, LNF), W_(EV_GD, LNF);
     for (int l = L - 1; l >= 0; l--)
-        W_(EV_P, 1 + l), W_(EV_G, 1 + l), W_(EV_PD, 1 + l), W_(EV_GD, 1 + l);
-    W_(EV_GD, EMB);
+        W_(EV_P, 2 + l), W_(EV_G, 2 + l), W_(EV_PD, 2 + l), W_(EV_GD, 2 + l);
+    W_(EV_G, WPE), W_(EV_GD, WPE), W_(EV_G, WTE), W_(EV_GD, WTE);
 #undef W_
     for (int i = 0; i < n && i < r.n; i++)
         cr_assert(r.ev[i] == want_ev[i] && r.unit[i] == want_u[i],
@@ -490,7 +490,7 @@ Test(model, hooks_flat_offsets_are_bitwise_equal_and_ordered)
     cr_assert_eq(r.n, n, "%d hook calls, want %d", r.n, n);
 
     /* Hooks with NULL members fall back to the flat buffers per member. */
-    struct model_hooks partial = { &r, rec_params, NULL, NULL, rec_grads_done };
+    struct model_hooks partial = { &r, rec_params, NULL, NULL, rec_grads_done, NULL };
     r.n = 0;
     float l2 = case_step(&c, c.params, c.g1, &partial);
     cr_assert(fbits(l0) == fbits(l2) && memcmp(c.g0, c.g1, bytes) == 0,
@@ -562,7 +562,7 @@ Test(model, hooks_with_private_buffers)
         g.gbuf[u] = falloc(lay->unit_off[u + 1] - lay->unit_off[u]);
     }
     struct model_hooks h = { &g, gather_params, gather_params_done, gather_grads,
-                             gather_grads_done };
+                             gather_grads_done, NULL };
     float l1 = case_step(&c, NULL, c.g1, &h);
     cr_assert(fbits(l0) == fbits(l1), "loss %a with private buffers, %a without", l1, l0);
     /* Each unit's gradient arrives as one private sum added to zero: the

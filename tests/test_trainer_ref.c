@@ -134,12 +134,12 @@ static int tensor_table(const struct model_config *c, struct tensor *t)
         k++;                                                                               \
     } while (0)
     ADD(0, (size_t)c->vocab * C, "wte");
-    ADD(0, (size_t)c->max_t * C, "wpe");
+    ADD(1, (size_t)c->max_t * C, "wpe");
     for (int l = 0; l < c->layers; l++)
         for (int i = 0; i < 12; i++)
-            ADD(1 + l, lsz[i], "l%d.%s", l, layer_names[i]);
-    ADD(c->layers + 1, C, "lnfw");
-    ADD(c->layers + 1, C, "lnfb");
+            ADD(2 + l, lsz[i], "l%d.%s", l, layer_names[i]);
+    ADD(c->layers + 2, C, "lnfw");
+    ADD(c->layers + 2, C, "lnfb");
 #undef ADD
     return k;
 }
@@ -204,7 +204,7 @@ static void check_fixture(const char *name)
     const struct model_layout *lay = model_layout(m);
     cr_assert_eq(lay->total, fx.P, "%s: model has %zu params, fixture %zu", name, lay->total,
                  fx.P);
-    cr_assert_eq(lay->nunits, fx.cfg.layers + 2);
+    cr_assert_eq(lay->nunits, fx.cfg.layers + 3);
     struct tensor *t = calloc((size_t)(4 + 12 * fx.cfg.layers), sizeof *t);
     cr_assert_not_null(t);
     int nt = tensor_table(&fx.cfg, t);

@@ -123,8 +123,8 @@ GEMM_DEFINE(gemm_v4, v4, v4u, 4, 3, )
 GEMM_DEFINE(gemm_v8, v8, v8u, 8, 6, KERN_V3)
 #endif
 
-static void gemm(float *c, size_t ldc, const float *a, size_t sam, size_t sak, const float *b,
-                 size_t ldb, size_t M, size_t K, size_t Nc, const float *bias, int accumulate)
+void kern_gemm(float *c, size_t ldc, const float *a, size_t sam, size_t sak, const float *b,
+               size_t ldb, size_t M, size_t K, size_t Nc, const float *bias, int accumulate)
 {
 #if KERN_X86
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
@@ -135,18 +135,23 @@ static void gemm(float *c, size_t ldc, const float *a, size_t sam, size_t sak, c
     gemm_v4(c, ldc, a, sam, sak, b, ldb, M, K, Nc, bias, accumulate);
 }
 
-void kern_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
-                         float *wt, size_t N, int I, int O)
+void kern_transpose(float *wt, const float *w, int O, int I)
 {
-    /* Transposing costs O*I against the matmul's N*O*I, and turns every
-     * inner loop into a contiguous axpy over output columns. */
     enum { TB = 16 }; /* tiles keep both sides of the transpose in cache lines */
     for (int o0 = 0; o0 < O; o0 += TB)
         for (int i0 = 0; i0 < I; i0 += TB)
             for (int i = i0; i < i0 + TB && i < I; i++)
                 for (int o = o0; o < o0 + TB && o < O; o++)
                     wt[(size_t)i * O + o] = w[(size_t)o * I + i];
-    gemm(out, (size_t)O, inp, (size_t)I, 1, wt, (size_t)O, N, (size_t)I, (size_t)O, bias, 0);
+}
+
+void kern_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+                         float *wt, size_t N, int I, int O)
+{
+    /* Transposing costs O*I against the matmul's N*O*I, and turns every
+     * inner loop into a contiguous axpy over output columns. */
+    kern_transpose(wt, w, O, I);
+    kern_gemm(out, (size_t)O, inp, (size_t)I, 1, wt, (size_t)O, N, (size_t)I, (size_t)O, bias, 0);
 }
 
 void kern_matmul_backward(float *dinp, float *dw, float *db, const float *dout,
@@ -154,10 +159,10 @@ void kern_matmul_backward(float *dinp, float *dw, float *db, const float *dout,
                           int O)
 {
     if (dinp) /* (N, I) = dout (N, O) · w (O, I) */
-        gemm(dinp, (size_t)I, dout, (size_t)O, 1, w, (size_t)I, N, (size_t)O, (size_t)I, NULL,
+        kern_gemm(dinp, (size_t)I, dout, (size_t)O, 1, w, (size_t)I, N, (size_t)O, (size_t)I, NULL,
              0);
     /* (O, I) += dout^T (O, N) · inp (N, I): A read transposed in place. */
-    gemm(dw, (size_t)I, dout, 1, (size_t)O, inp, (size_t)I, (size_t)O, N, (size_t)I, NULL, 1);
+    kern_gemm(dw, (size_t)I, dout, 1, (size_t)O, inp, (size_t)I, (size_t)O, N, (size_t)I, NULL, 1);
     if (db) {
         for (int o = 0; o < O; o++)
             dscratch[o] = 0.0;
@@ -393,27 +398,33 @@ KERN_HOT void kern_add(float *out, const float *a, const float *b, size_t n)
 
 /* ---- loss --------------------------------------------------------------- */
 
-double kern_crossentropy_forward(float *lse, const float *logits, const uint8_t *targets,
-                                 size_t N, int V)
+void kern_rowmax(float *mx, const float *x, size_t N, int V)
 {
-    double loss = 0.0;
     for (size_t n = 0; n < N; n++) {
-        const float *l = logits + n * V;
-        float mx = l[0];
+        const float *l = x + n * V;
+        float m = l[0];
         for (int v = 1; v < V; v++)
-            mx = l[v] > mx ? l[v] : mx;
-        double sum = 0.0;
-        for (int v = 0; v < V; v++)
-            sum += expf(l[v] - mx);
-        double ls = mx + log(sum);
-        lse[n] = (float)ls;
-        loss += ls - l[targets[n]];
+            m = l[v] > m ? l[v] : m;
+        mx[n] = m;
     }
-    return loss;
+}
+
+void kern_sumexp_tree(double *s, const float *x, const float *mx, double *scratch, size_t N,
+                      int V)
+{
+    for (size_t n = 0; n < N; n++) {
+        const float *l = x + n * V;
+        for (int v = 0; v < V; v++)
+            scratch[v] = expf(l[v] - mx[n]);
+        for (int d = 1; d < V; d *= 2)
+            for (int i = 0; i + d < V; i += 2 * d)
+                scratch[i] += scratch[i + d];
+        s[n] = scratch[0];
+    }
 }
 
 void kern_crossentropy_backward(float *dlogits, const float *logits, const float *lse,
-                                const uint8_t *targets, size_t N, int V, float scale)
+                                const uint8_t *targets, size_t N, int V, int v0, float scale)
 {
     for (size_t n = 0; n < N; n++) {
         const float *l = logits + n * V;
@@ -421,7 +432,9 @@ void kern_crossentropy_backward(float *dlogits, const float *logits, const float
         float ls = lse[n];
         for (int v = 0; v < V; v++)
             d[v] = expf(l[v] - ls) * scale;
-        d[targets[n]] -= scale;
+        int t = targets[n] - v0;
+        if (t >= 0 && t < V)
+            d[t] -= scale;
     }
 }
 
@@ -438,7 +451,7 @@ void kern_encoder_forward(float *out, const uint8_t *tokens, const float *wte,
 }
 
 void kern_encoder_backward(float *dwte, float *dwpe, const float *dout, const uint8_t *tokens,
-                           double *dscratch, int B, int T, int C)
+                           int v0, int V, double *dscratch, int B, int T, int C)
 {
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < C; i++)
@@ -446,11 +459,12 @@ void kern_encoder_backward(float *dwte, float *dwpe, const float *dout, const ui
         for (int b = 0; b < B; b++) {
             size_t n = (size_t)b * T + t;
             const float *dy = dout + n * C;
-            float *dw = dwte + (size_t)tokens[n] * C;
-            for (int i = 0; i < C; i++) {
+            int v = tokens[n] - v0;
+            float *dw = v >= 0 && v < V ? dwte + (size_t)v * C : NULL;
+            for (int i = 0; dw && i < C; i++)
                 dw[i] += dy[i];
+            for (int i = 0; i < C; i++)
                 dscratch[i] += dy[i];
-            }
         }
         for (int i = 0; i < C; i++)
             dwpe[(size_t)t * C + i] += (float)dscratch[i];

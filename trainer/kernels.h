@@ -15,6 +15,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* c (M, Nc) = a (M, K) · b (K, Nc) [+ bias (Nc)], or c += a · b
+ * (accumulate); a is addressed a[m*sam + k*sak], b and c are row-major
+ * with row strides ldb and ldc.  Every element is summed from zero in k
+ * order, whatever the tiling, so a column slice computes the same bits. */
+void kern_gemm(float *c, size_t ldc, const float *a, size_t sam, size_t sak, const float *b,
+               size_t ldb, size_t M, size_t K, size_t Nc, const float *bias, int accumulate);
+/* wt (I, O) = w (O, I) transposed. */
+void kern_transpose(float *wt, const float *w, int O, int I);
+
 /* out (N, O) = inp (N, I) · w^T + bias, w (O, I), bias (O) or NULL.
  * wt: scratch of I*O floats (w transposed, so the inner loop runs along
  * contiguous output columns). */
@@ -60,21 +69,26 @@ void kern_gelu_backward(float *d, const float *deriv, size_t n);
 /* out (n) = a + b; out may be a or b. */
 void kern_add(float *out, const float *a, const float *b, size_t n);
 
-/* lse (N) = log sum exp of each logits row (N, V); returns the sum over
- * rows of lse - logits[target], in double. */
-double kern_crossentropy_forward(float *lse, const float *logits, const uint8_t *targets,
-                                 size_t N, int V);
-/* dlogits (N, V) = (softmax(logits) - onehot(target)) * scale. */
+/* mx (N) = the maximum of each row of x (N, V). */
+void kern_rowmax(float *mx, const float *x, size_t N, int V);
+/* s (N) = sum over v of expf(x - mx) per row, as a pairwise tree in double
+ * (adjacent pairs first), so a slice of a row is a subtree.
+ * scratch: V doubles. */
+void kern_sumexp_tree(double *s, const float *x, const float *mx, double *scratch, size_t N,
+                      int V);
+/* dlogits (N, V) = (softmax(logits) - onehot(target)) * scale for the
+ * vocabulary slice [v0, v0 + V); lse holds the whole rows' log-sum-exp. */
 void kern_crossentropy_backward(float *dlogits, const float *logits, const float *lse,
-                                const uint8_t *targets, size_t N, int V, float scale);
+                                const uint8_t *targets, size_t N, int V, int v0, float scale);
 
 /* out (B*T, C) = wte[token] + wpe[t]. */
 void kern_encoder_forward(float *out, const uint8_t *tokens, const float *wte,
                           const float *wpe, int B, int T, int C);
-/* dwte (V, C) += dout rows at their tokens, one row at a time (not summed
- * first: the caller passes a scratch that it adds on once);
- * dwpe (T, C) += sum over b of dout.  dscratch: C doubles. */
+/* dwte (V, C) += dout rows at their tokens, for tokens of the vocabulary
+ * slice [v0, v0 + V), one row at a time (not summed first: the caller
+ * passes a scratch that it adds on once); dwpe (T, C) += sum over b of
+ * dout.  dscratch: C doubles. */
 void kern_encoder_backward(float *dwte, float *dwpe, const float *dout, const uint8_t *tokens,
-                           double *dscratch, int B, int T, int C);
+                           int v0, int V, double *dscratch, int B, int T, int C);
 
 #endif /* WEFT_TRAINER_KERNELS_H */

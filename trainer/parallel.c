@@ -373,7 +373,7 @@ struct par *par_create(weft_comm_t comm, int zero, const struct model_layout *la
         p->comm_bytes += (NSLOT * unit_floats + (size_t)p->n * p->s[EMB]) * sizeof(float);
     }
     p->hooks = (struct model_hooks){p, hook_params, hook_params_done, hook_grads,
-                                    hook_grads_done};
+                                    hook_grads_done, NULL};
     return p;
 oom:
     fprintf(stderr, "trainer: out of memory for the model state\n");
