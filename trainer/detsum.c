@@ -1,0 +1,308 @@
+/*
+ * detsum.c - canonical-tree sums for the trainer (see detsum.h): the
+ * binary-counter accumulator, the tree allreduce and reduce-scatter over
+ * weft point-to-point calls, and the binned sum of squares.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "detsum.h"
+
+#define ALIGN_FLOATS 16 /* 64 bytes: each buffer starts on a cache line */
+
+/*
+ * Owner: the caller of tacc_create.  buf[k] is stack level k; levels
+ * 0..depth-1 hold partial sums of size[k] items (powers of two, strictly
+ * decreasing upwards) in item order; buf[depth] is the slot.  Level k is
+ * never needed above floor(log2(max_items)) + 1, so nbuf levels suffice.
+ */
+struct tacc {
+    size_t n, stride;  /* floats per item; floats between buffers */
+    int max_items, nbuf;
+    float *mem;        /* (nbuf, stride) */
+    float **buf;       /* (nbuf) */
+    int *size;         /* (nbuf) items in each level */
+    int depth, items;
+    bool finished;
+};
+
+struct tacc *tacc_create(size_t n, int max_items)
+{
+    if (max_items < 1)
+        return NULL;
+    struct tacc *a = calloc(1, sizeof(*a));
+    if (!a)
+        return NULL;
+    int levels = 1;
+    while (levels < 31 && (1 << levels) <= max_items)
+        levels++;
+    a->n = n;
+    a->stride = (n + ALIGN_FLOATS - 1) / ALIGN_FLOATS * ALIGN_FLOATS;
+    a->max_items = max_items;
+    a->nbuf = levels + 1;
+    size_t bytes = a->stride * (size_t)a->nbuf * sizeof(float);
+    a->mem = aligned_alloc(ALIGN_FLOATS * sizeof(float), bytes ? bytes : ALIGN_FLOATS * 4);
+    a->buf = calloc((size_t)a->nbuf, sizeof(*a->buf));
+    a->size = calloc((size_t)a->nbuf, sizeof(*a->size));
+    if (!a->mem || !a->buf || !a->size) {
+        tacc_destroy(a);
+        return NULL;
+    }
+    for (int k = 0; k < a->nbuf; k++)
+        a->buf[k] = a->mem + (size_t)k * a->stride;
+    return a;
+}
+
+void tacc_destroy(struct tacc *a)
+{
+    if (!a)
+        return;
+    free(a->size);
+    free(a->buf);
+    free(a->mem);
+    free(a);
+}
+
+void tacc_reset(struct tacc *a)
+{
+    a->depth = 0;
+    a->items = 0;
+    a->finished = false;
+}
+
+float *tacc_slot(struct tacc *a)
+{
+    if (a->finished || a->items >= a->max_items)
+        return NULL;
+    return a->buf[a->depth];
+}
+
+void tacc_commit(struct tacc *a)
+{
+    if (a->finished || a->items >= a->max_items)
+        return;
+    a->size[a->depth++] = 1;
+    a->items++;
+    /* Two equal neighbours are sibling subtrees of the canonical tree. */
+    while (a->depth >= 2 && a->size[a->depth - 2] == a->size[a->depth - 1]) {
+        tacc_add_into(a->buf[a->depth - 2], a->buf[a->depth - 1], a->n);
+        a->size[a->depth - 2] *= 2;
+        a->depth--;
+    }
+}
+
+int tacc_items(const struct tacc *a)
+{
+    return a->items;
+}
+
+const float *tacc_finish(struct tacc *a, size_t *items)
+{
+    if (items)
+        *items = (size_t)a->items;
+    if (a->items == 0)
+        return NULL;
+    /* A partial top subtree joins its left sibling before that one joins
+     * its own: smallest first, as the levels of the canonical tree do. */
+    for (; a->depth > 1; a->depth--)
+        tacc_add_into(a->buf[a->depth - 2], a->buf[a->depth - 1], a->n);
+    a->finished = true;
+    return a->buf[0];
+}
+
+void tacc_add_into(float *restrict dst, const float *restrict src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] += src[i];
+}
+
+static void add_into_f64(double *restrict dst, const double *restrict src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] += src[i];
+}
+
+/* ---- across ranks -------------------------------------------------------------- */
+
+static _Thread_local char err_msg[200];
+static _Thread_local bool err_own; /* err_msg explains the last failure */
+
+static weft_status_t refuse(weft_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static weft_status_t refuse(weft_status_t st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err_msg, sizeof(err_msg), fmt, ap);
+    va_end(ap);
+    err_own = true;
+    return st;
+}
+
+/* A failed weft call: its own message is in weft_last_error. */
+static weft_status_t weft_failed(weft_status_t st)
+{
+    if (st != WEFT_OK)
+        err_own = false;
+    return st;
+}
+
+const char *det_last_error(weft_comm_t comm)
+{
+    return err_own ? err_msg : weft_last_error(comm);
+}
+
+/* Sends count elements of snd to peer and receives as many from it into
+ * rcv, as one group so that neither order can deadlock. */
+static weft_status_t exchange(weft_comm_t comm, const void *snd, void *rcv, size_t count,
+                              weft_dtype_t dt, int peer)
+{
+    weft_status_t st = weft_group_start();
+    if (st != WEFT_OK)
+        return weft_failed(st);
+    st = weft_send(snd, count, dt, peer, comm);
+    if (st == WEFT_OK)
+        st = weft_recv(rcv, count, dt, peer, comm);
+    weft_status_t end = weft_group_end();
+    return weft_failed(st != WEFT_OK ? st : end);
+}
+
+static void add_dt(void *dst, const void *src, size_t count, weft_dtype_t dt)
+{
+    if (dt == WEFT_FLOAT32)
+        tacc_add_into(dst, src, count);
+    else
+        add_into_f64(dst, src, count);
+}
+
+static weft_status_t comm_shape(weft_comm_t comm, int *rank, int *n)
+{
+    weft_status_t st = weft_comm_rank(comm, rank);
+    if (st == WEFT_OK)
+        st = weft_comm_size(comm, n);
+    return weft_failed(st);
+}
+
+weft_status_t det_allreduce(weft_comm_t comm, void *buf, size_t count, weft_dtype_t dtype,
+                            void *scratch)
+{
+    if (dtype != WEFT_FLOAT32 && dtype != WEFT_FLOAT64)
+        return refuse(WEFT_ERR_INVALID_ARG, "det_allreduce: dtype %d is not float32 or float64",
+                      (int)dtype);
+    int r, n;
+    weft_status_t st = comm_shape(comm, &r, &n);
+    if (st != WEFT_OK || n == 1 || count == 0)
+        return st;
+    if ((n & (n - 1)) == 0) {
+        /* After step d every rank holds its aligned block of 2^(d+1) ranks,
+         * summed as the two blocks of 2^d: the canonical subtree. */
+        for (int step = 1; step < n; step *= 2) {
+            st = exchange(comm, buf, scratch, count, dtype, r ^ step);
+            if (st != WEFT_OK)
+                return st;
+            add_dt(buf, scratch, count, dtype);
+        }
+        return WEFT_OK;
+    }
+    /* Level by level as the definition reads: a rank that has sent its
+     * subtree is done until the broadcast. */
+    for (int step = 1; step < n; step *= 2) {
+        if (r % (2 * step) != 0) {
+            st = weft_failed(weft_send(buf, count, dtype, r - step, comm));
+            break;
+        }
+        if (r + step < n) {
+            st = weft_failed(weft_recv(scratch, count, dtype, r + step, comm));
+            if (st != WEFT_OK)
+                break;
+            add_dt(buf, scratch, count, dtype);
+        }
+    }
+    if (st != WEFT_OK)
+        return st;
+    return weft_failed(weft_broadcast(buf, buf, count, dtype, 0, comm));
+}
+
+weft_status_t det_reduce_scatter(weft_comm_t comm, float *full, float *part, size_t s,
+                                 float *scratch)
+{
+    int r, n;
+    weft_status_t st = comm_shape(comm, &r, &n);
+    if (st != WEFT_OK)
+        return st;
+    if (n & (n - 1))
+        return refuse(WEFT_ERR_UNSUPPORTED,
+                      "det_reduce_scatter: %d ranks: the canonical tree needs a power of two", n);
+    if (n == 1) {
+        memmove(part, full, s * sizeof(float));
+        return WEFT_OK;
+    }
+    if (s == 0)
+        return WEFT_OK;
+    /* Before step d rank r holds chunks c == r (mod 2^d), each the sum of
+     * its aligned block of 2^d ranks; it keeps c == r (mod 2^(d+1)) and
+     * hands the others to its partner, n / 2^(d+1) chunks each way. */
+    float *snd = scratch, *rcv = scratch + (size_t)n / 2 * s;
+    for (int step = 1; step < n; step *= 2) {
+        int mod = 2 * step, p = r ^ step;
+        size_t k = 0;
+        for (int c = p % mod; c < n; c += mod, k++)
+            memcpy(snd + k * s, full + (size_t)c * s, s * sizeof(float));
+        st = exchange(comm, snd, rcv, k * s, WEFT_FLOAT32, p);
+        if (st != WEFT_OK)
+            return st;
+        if (mod == n) {
+            /* Only chunk r is left: sum it straight into part, which may
+             * be that very chunk. */
+            const float *mine = full + (size_t)r * s;
+            for (size_t i = 0; i < s; i++)
+                part[i] = mine[i] + rcv[i];
+            break;
+        }
+        k = 0;
+        for (int c = r % mod; c < n; c += mod, k++)
+            tacc_add_into(full + (size_t)c * s, rcv + k * s, s);
+    }
+    return WEFT_OK;
+}
+
+/* ---- order-free sum of squares ---------------------------------------------------- */
+
+void xsq_add(int64_t *bins, const float *x, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++) {
+        float g = x[i] * scale;
+        if (!isfinite(g)) {
+            bins[isnan(g) ? XSQ_NAN : XSQ_INF]++;
+            continue;
+        }
+        if (g == 0)
+            continue;
+        /* Exact: 24-bit significands square into 48 bits, and squares of
+         * floats are normal doubles, so the bits give frexp's m and e. */
+        double sq = (double)g * (double)g;
+        uint64_t b;
+        memcpy(&b, &sq, sizeof(b));
+        int e = (int)((b >> 52) & 0x7ff) - 1022;
+        uint64_t m53 = (b & ((UINT64_C(1) << 52) - 1)) | (UINT64_C(1) << 52); /* m * 2^53 */
+        bins[e - XSQ_EMIN] += (int64_t)(m53 >> 22);                           /* m * 2^31 */
+    }
+}
+
+double xsq_total(const int64_t *bins)
+{
+    if (bins[XSQ_NAN])
+        return NAN;
+    if (bins[XSQ_INF])
+        return INFINITY;
+    double t = 0;
+    for (int k = 0; k < XSQ_NAN; k++)
+        if (bins[k])
+            t += ldexp((double)bins[k], k + XSQ_EMIN - 31);
+    return t;
+}
