@@ -50,7 +50,7 @@ int tacc_items(const struct tacc *a);
  * the next reset); *items (may be NULL) gets their count.  NULL when no
  * item was pushed.  Reset before pushing again. */
 const float *tacc_finish(struct tacc *a, size_t *items);
-/* dst[i] += src[i], i < n: every sum of this file goes through it. */
+/* dst[i] += src[i], i < n: the float add of every tree here. */
 void tacc_add_into(float *dst, const float *src, size_t n);
 
 /* ---- across ranks -------------------------------------------------------------- */
@@ -82,7 +82,7 @@ weft_status_t det_reduce_scatter(weft_comm_t comm, float *full, float *part, siz
                                  float *scratch);
 
 /* Why the last det_* call of this thread failed: its own refusal (size,
- * dtype, memory), or weft_last_error(comm) when a weft call failed. */
+ * dtype), or weft_last_error(comm) when a weft call failed. */
 const char *det_last_error(weft_comm_t comm);
 
 /* ---- order-free sum of squares ---------------------------------------------------- */
