@@ -188,6 +188,72 @@ static weft_status_t comm_shape(weft_comm_t comm, int *rank, int *n)
     return weft_failed(st);
 }
 
+/* out[i] = a[i] + b[i], i < n; out may be a. */
+static void sum_dt(void *out, const void *a, const void *b, size_t n, weft_dtype_t dt)
+{
+    if (dt == WEFT_FLOAT32) {
+        float *o = out;
+        const float *x = a, *y = b;
+        for (size_t i = 0; i < n; i++)
+            o[i] = x[i] + y[i];
+    } else {
+        double *o = out;
+        const double *x = a, *y = b;
+        for (size_t i = 0; i < n; i++)
+            o[i] = x[i] + y[i];
+    }
+}
+
+/* Recursive doubling over a power-of-two n: after step d every rank holds
+ * its aligned block of 2^(d+1) ranks summed as the two blocks of 2^d, the
+ * canonical subtree.  scratch: count elements. */
+static weft_status_t doubling(weft_comm_t comm, int r, int n, void *buf, size_t count,
+                              weft_dtype_t dt, void *scratch)
+{
+    for (int step = 1; step < n && count > 0; step *= 2) {
+        weft_status_t st = exchange(comm, buf, scratch, count, dt, r ^ step);
+        if (st != WEFT_OK)
+            return st;
+        add_dt(buf, scratch, count, dt);
+    }
+    return WEFT_OK;
+}
+
+/*
+ * Recursive halving over a power-of-two n > 1 of full (n chunks of s
+ * elements): before step d rank r holds chunks c == r (mod 2^d), each the
+ * sum of its aligned block of 2^d ranks; it keeps c == r (mod 2^(d+1)) and
+ * hands the others to its partner, n / 2^(d+1) chunks each way.  The last
+ * step sums chunk r into part (which may be that chunk).  scratch: n * s.
+ */
+static weft_status_t halving(weft_comm_t comm, int r, int n, void *full, void *part, size_t s,
+                             weft_dtype_t dt, void *scratch)
+{
+    size_t cb = s * weft_dtype_size(dt); /* bytes a chunk */
+    uint8_t *f = full, *snd = scratch, *rcv = snd + (size_t)n / 2 * cb;
+    for (int step = 1; step < n; step *= 2) {
+        int mod = 2 * step, p = r ^ step;
+        size_t k = 0;
+        for (int c = p % mod; c < n; c += mod, k++)
+            memcpy(snd + k * cb, f + (size_t)c * cb, cb);
+        weft_status_t st = exchange(comm, snd, rcv, k * s, dt, p);
+        if (st != WEFT_OK)
+            return st;
+        if (mod == n) {
+            sum_dt(part, f + (size_t)r * cb, rcv, s, dt);
+            break;
+        }
+        k = 0;
+        for (int c = r % mod; c < n; c += mod, k++)
+            add_dt(f + (size_t)c * cb, rcv + k * cb, s, dt);
+    }
+    return WEFT_OK;
+}
+
+/* Below this many elements a rank, whole-vector doubling beats halving
+ * plus allgather: log2(n) latencies instead of about twice as many. */
+#define HALVING_MIN 2048
+
 weft_status_t det_allreduce(weft_comm_t comm, void *buf, size_t count, weft_dtype_t dtype,
                             void *scratch)
 {
@@ -199,15 +265,20 @@ weft_status_t det_allreduce(weft_comm_t comm, void *buf, size_t count, weft_dtyp
     if (st != WEFT_OK || n == 1 || count == 0)
         return st;
     if ((n & (n - 1)) == 0) {
-        /* After step d every rank holds its aligned block of 2^(d+1) ranks,
-         * summed as the two blocks of 2^d: the canonical subtree. */
-        for (int step = 1; step < n; step *= 2) {
-            st = exchange(comm, buf, scratch, count, dtype, r ^ step);
-            if (st != WEFT_OK)
-                return st;
-            add_dt(buf, scratch, count, dtype);
-        }
-        return WEFT_OK;
+        size_t s = count / (size_t)n, es = weft_dtype_size(dtype);
+        if (s < HALVING_MIN)
+            return doubling(comm, r, n, buf, count, dtype, scratch);
+        /* Every element is summed in the same tree by halving as by
+         * doubling; the allgather only moves bits.  Each rank sends
+         * 2 s (n - 1) elements instead of count log2(n). */
+        uint8_t *b = buf;
+        st = halving(comm, r, n, b, b + (size_t)r * s * es, s, dtype, scratch);
+        if (st == WEFT_OK)
+            st = weft_failed(weft_allgather(b + (size_t)r * s * es, b, s, dtype, comm));
+        if (st != WEFT_OK)
+            return st;
+        return doubling(comm, r, n, b + (size_t)n * s * es, count - (size_t)n * s, dtype,
+                        scratch);
     }
     /* Level by level as the definition reads: a rank that has sent its
      * subtree is done until the broadcast. */
@@ -244,31 +315,7 @@ weft_status_t det_reduce_scatter(weft_comm_t comm, float *full, float *part, siz
     }
     if (s == 0)
         return WEFT_OK;
-    /* Before step d rank r holds chunks c == r (mod 2^d), each the sum of
-     * its aligned block of 2^d ranks; it keeps c == r (mod 2^(d+1)) and
-     * hands the others to its partner, n / 2^(d+1) chunks each way. */
-    float *snd = scratch, *rcv = scratch + (size_t)n / 2 * s;
-    for (int step = 1; step < n; step *= 2) {
-        int mod = 2 * step, p = r ^ step;
-        size_t k = 0;
-        for (int c = p % mod; c < n; c += mod, k++)
-            memcpy(snd + k * s, full + (size_t)c * s, s * sizeof(float));
-        st = exchange(comm, snd, rcv, k * s, WEFT_FLOAT32, p);
-        if (st != WEFT_OK)
-            return st;
-        if (mod == n) {
-            /* Only chunk r is left: sum it straight into part, which may
-             * be that very chunk. */
-            const float *mine = full + (size_t)r * s;
-            for (size_t i = 0; i < s; i++)
-                part[i] = mine[i] + rcv[i];
-            break;
-        }
-        k = 0;
-        for (int c = r % mod; c < n; c += mod, k++)
-            tacc_add_into(full + (size_t)c * s, rcv + k * s, s);
-    }
-    return WEFT_OK;
+    return halving(comm, r, n, full, part, s, WEFT_FLOAT32, scratch);
 }
 
 /* ---- order-free sum of squares ---------------------------------------------------- */
