@@ -1,11 +1,11 @@
 /*
  * parallel.c - data parallelism and ZeRO 1/2/3 over weft (see parallel.h).
  *
- * Layout: each model unit u (embeddings, one per layer, final LayerNorm)
- * is padded to n * s[u] floats, s[u] = ceil(len(u) / n), so that rank r
- * owns unit elements [r * s[u], (r + 1) * s[u]) of every unit.  Whole
- * buffers use the padded layout (poff); shard buffers hold the owned
- * slices of every unit back to back (soff).  Padding stays zero.
+ * Layout: each local unit u (see model.h) is padded to n * s[u] floats,
+ * s[u] = ceil(len(u) / n), so that data-parallel rank r owns unit elements
+ * [r * s[u], (r + 1) * s[u]) of every unit.  Whole buffers use the padded
+ * layout (poff); shard buffers hold the owned slices of every unit back to
+ * back (soff).  Padding stays zero.
  *
  *   zero 0  params, grads, m, v whole        gradients: bucketed AllReduce
  *   zero 1  params, grads whole; m, v shard  per-unit ReduceScatter in place
@@ -13,6 +13,11 @@
  *                                            scratch copy, every micro-batch
  *   zero 3  everything sharded               + AllGather of each unit before
  *                                            use, prefetching the next one
+ * Deterministic mode replaces the gradient path of every stage: a unit's
+ * gradient of one micro-batch goes to a zeroed scratch, is reduce-scattered
+ * in the canonical tree (blocking), and lands in that micro-batch's item of
+ * a tree accumulator over the shard; the step takes the accumulator's sum
+ * (and zero 0/1 gather it whole).
  */
 #include <math.h>
 #include <stdio.h>
@@ -20,18 +25,18 @@
 #include <string.h>
 #include <time.h>
 
+#include "detsum.h"
 #include "parallel.h"
 
 #define NSCRATCH 3 /* zero 2/3: unit-sized gradient buffers in flight */
-#define NSLOT 2    /* zero 3: gathered units besides the embeddings */
-
-enum { EMB = 0 };
+#define NSLOT 2    /* zero 3: gathered units besides the kept one */
+#define OFFLOAD_CHUNK (256 * 1024) /* floats per offload chunk: 1 MiB */
 
 /* A unit-sized gradient buffer whose ReduceScatter may be in flight. */
 struct scratch {
     float *full;     /* (n * smax) */
     float *part;     /* (smax) the ReduceScatter result */
-    int unit;        /* -1: free */
+    int unit;        /* -1: free; -2 - u: being written for unit u */
     weft_request_t req;
 };
 
@@ -46,19 +51,24 @@ struct slot {
 /*
  * Owner: the trainer.  Invariants: n >= 1; zero == 0 when n == 1; the
  * padding of every whole buffer is zero; requests in `pending` belong to
- * the current backward pass and are all waited for in par_end_backward.
+ * the current backward pass and are all waited for in par_end_backward;
+ * in deterministic mode `item` is the accumulator slot of the micro-batch
+ * whose backward pass is running (NULL outside one).
  */
 struct par {
-    weft_comm_t comm;
-    int rank, n, zero;
+    struct par_config cfg;
+    weft_comm_t comm; /* dp */
+    int rank, n, zero, tp;
+    const struct model *model;
     const struct model_layout *lay;
-    int nunits;
+    int nunits, keep; /* keep: the unit used at both ends of a pass (-1: none) */
     size_t *s, *poff, *soff; /* (nunits) */
     size_t P, S, smax;
     float *params, *grads, *m, *v;
     long steps;
     bool backward, last;
     weft_status_t err;
+    char errtext[512];
     double wait_s;
     struct model_hooks hooks;
     /* zero 0 buckets: units [bucket_lo[b], bucket_lo[b + 1]) */
@@ -67,8 +77,19 @@ struct par {
     int npending, cap_pending;
     struct scratch scr[NSCRATCH];
     int scr_next;
-    struct slot slot[NSLOT], emb;
+    struct slot slot[NSLOT], kept;
     size_t comm_bytes;
+    /* deterministic mode */
+    struct tacc *acc;  /* over the shard (S floats), one item per micro-batch */
+    float *item;
+    float *det_scratch; /* (n * smax) */
+    void *tp_scratch;
+    size_t tp_scratch_bytes;
+    /* tied wte */
+    weft_comm_t tie_comm;
+    int tie_peer, tie_unit;
+    bool tie_send;
+    struct offload *off;
 };
 
 static double now_s(void)
@@ -78,13 +99,25 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+static void fail(struct par *p, weft_status_t st, const char *what, const char *why)
+{
+    if (p->err != WEFT_OK)
+        return;
+    p->err = st;
+    snprintf(p->errtext, sizeof(p->errtext), "%s: %s", what, why);
+    fprintf(stderr, "trainer: %s\n", p->errtext);
+}
+
 static void note(struct par *p, weft_status_t st, const char *what)
 {
-    if (st != WEFT_OK && p->err == WEFT_OK) {
-        p->err = st;
-        fprintf(stderr, "trainer: rank %d: %s: %s\n", p->rank, what,
-                weft_last_error(p->comm));
-    }
+    if (st != WEFT_OK)
+        fail(p, st, what, weft_last_error(p->comm));
+}
+
+static void note_det(struct par *p, weft_status_t st, weft_comm_t c, const char *what)
+{
+    if (st != WEFT_OK)
+        fail(p, st, what, det_last_error(c));
 }
 
 static void wait_req(struct par *p, weft_request_t *req, const char *what)
@@ -110,6 +143,13 @@ static void pend(struct par *p, weft_request_t req)
         p->cap_pending = cap;
     }
     p->pending[p->npending++] = req;
+}
+
+static void wait_pending(struct par *p, const char *what)
+{
+    for (int i = 0; i < p->npending; i++)
+        wait_req(p, &p->pending[i], what);
+    p->npending = 0;
 }
 
 static size_t unit_len(const struct par *p, int u)
@@ -157,14 +197,12 @@ static struct slot *free_slot(struct par *p)
     return NULL;
 }
 
-/* The unit after u in the order the current pass uses them (-1: none). */
+/* The unit after u in the order the current pass uses them (-1: none):
+ * a guess for prefetching only. */
 static int next_unit(const struct par *p, int u)
 {
-    if (!p->backward)
-        return u + 1 < p->nunits ? u + 1 : -1;
-    if (u == p->nunits - 1) /* head backward: the last layer comes next */
-        return p->nunits - 2 > EMB ? p->nunits - 2 : -1;
-    return u - 1 > EMB ? u - 1 : -1;
+    int nx = p->backward ? u - 1 : u + 1;
+    return nx >= 0 && nx < p->nunits && nx != p->keep ? nx : -1;
 }
 
 static const float *hook_params(void *ctx, int u)
@@ -172,11 +210,11 @@ static const float *hook_params(void *ctx, int u)
     struct par *p = ctx;
     if (p->zero < 3)
         return p->params + p->poff[u];
-    if (u == EMB) { /* used at both ends of every pass: kept for the step */
-        if (p->emb.unit != EMB)
-            start_gather(p, &p->emb, EMB);
-        wait_req(p, &p->emb.req, "parameter gather");
-        return p->emb.buf;
+    if (u == p->keep) { /* used at both ends of every pass: kept for the step */
+        if (p->kept.unit != u)
+            start_gather(p, &p->kept, u);
+        wait_req(p, &p->kept.req, "parameter gather");
+        return p->kept.buf;
     }
     struct slot *sl = find_slot(p, u);
     if (sl == NULL) {
@@ -190,7 +228,7 @@ static const float *hook_params(void *ctx, int u)
     wait_req(p, &sl->req, "parameter gather");
     sl->busy = true;
     int nx = next_unit(p, u);
-    if (nx > EMB && find_slot(p, nx) == NULL) {
+    if (nx >= 0 && find_slot(p, nx) == NULL) {
         struct slot *pre = free_slot(p);
         if (pre)
             start_gather(p, pre, nx);
@@ -201,7 +239,7 @@ static const float *hook_params(void *ctx, int u)
 static void hook_params_done(void *ctx, int u)
 {
     struct par *p = ctx;
-    if (p->zero < 3 || u == EMB)
+    if (p->zero < 3 || u == p->keep)
         return;
     struct slot *sl = find_slot(p, u);
     if (sl) {
@@ -225,10 +263,9 @@ static void retire(struct par *p, struct scratch *sc)
 static float *hook_grads(void *ctx, int u)
 {
     struct par *p = ctx;
-    if (p->zero < 2)
+    if (p->zero < 2 && !p->cfg.det)
         return p->grads + p->poff[u];
-    /* The embeddings' buffer stays open for the whole backward pass (its
-     * wte part is written first and last), so skip buffers being written. */
+    /* A fresh zeroed buffer for the unit; skip buffers being written. */
     struct scratch *sc = &p->scr[p->scr_next];
     for (int k = 0; k < NSCRATCH && sc->unit < -1; k++) {
         p->scr_next = (p->scr_next + 1) % NSCRATCH;
@@ -252,9 +289,46 @@ static void reduce_bucket(struct par *p, int b)
         pend(p, req);
 }
 
+static struct scratch *written(struct par *p, int u)
+{
+    for (int i = 0; i < NSCRATCH; i++)
+        if (p->scr[i].unit == -2 - u)
+            return &p->scr[i];
+    return NULL;
+}
+
+/* Deterministic mode: the unit's gradient of this micro-batch, reduced in
+ * the canonical tree, into the micro-batch's accumulator item. */
+static void det_grads_done(struct par *p, int u)
+{
+    struct scratch *sc = written(p, u);
+    if (sc == NULL)
+        return;
+    sc->unit = -1;
+    if (p->err != WEFT_OK || p->item == NULL)
+        return;
+    float *dst = p->item + p->soff[u];
+    if (p->n == 1) {
+        memcpy(dst, sc->full, p->s[u] * sizeof(float));
+        return;
+    }
+    double t0 = now_s();
+    weft_status_t st;
+    if (p->n & (p->n - 1)) /* not a power of two: weft's own fixed order */
+        st = weft_reduce_scatter(sc->full, dst, p->s[u], WEFT_FLOAT32, WEFT_SUM, p->comm);
+    else
+        st = det_reduce_scatter(p->comm, sc->full, dst, p->s[u], p->det_scratch);
+    p->wait_s += now_s() - t0;
+    note_det(p, st, p->comm, "gradient reduce-scatter");
+}
+
 static void hook_grads_done(void *ctx, int u)
 {
     struct par *p = ctx;
+    if (p->cfg.det) {
+        det_grads_done(p, u);
+        return;
+    }
     if (p->n == 1 || p->err != WEFT_OK)
         return;
     if (p->zero == 0) {
@@ -274,35 +348,67 @@ static void hook_grads_done(void *ctx, int u)
             pend(p, req);
         return;
     }
-    for (int i = 0; i < NSCRATCH; i++) {
-        struct scratch *sc = &p->scr[i];
-        if (sc->unit != -2 - u)
-            continue;
-        sc->unit = u;
-        note(p, weft_ireduce_scatter(sc->full, sc->part, p->s[u], WEFT_FLOAT32, WEFT_SUM,
-                                     p->comm, &sc->req),
-             "gradient reduce-scatter");
+    struct scratch *sc = written(p, u);
+    if (sc == NULL)
         return;
-    }
+    sc->unit = u;
+    note(p, weft_ireduce_scatter(sc->full, sc->part, p->s[u], WEFT_FLOAT32, WEFT_SUM, p->comm,
+                                 &sc->req),
+         "gradient reduce-scatter");
 }
 
+/* The model's tensor-parallel sums and maxima. */
+static int hook_tp_allreduce(void *ctx, void *buf, size_t count, bool dbl, int op)
+{
+    struct par *p = ctx;
+    if (p->err != WEFT_OK)
+        return -1;
+    weft_dtype_t dt = dbl ? WEFT_FLOAT64 : WEFT_FLOAT32;
+    size_t bytes = count * (dbl ? sizeof(double) : sizeof(float));
+    double t0 = now_s();
+    weft_status_t st;
+    if (op == 1 || !p->cfg.det) {
+        st = weft_allreduce(buf, buf, count, dt, op == 1 ? WEFT_MAX : WEFT_SUM, p->cfg.tp);
+        if (st != WEFT_OK)
+            fail(p, st, "tensor-parallel allreduce", weft_last_error(p->cfg.tp));
+    } else {
+        if (bytes > p->tp_scratch_bytes) {
+            void *n = realloc(p->tp_scratch, bytes);
+            if (n == NULL) {
+                fail(p, WEFT_ERR_NO_MEMORY, "tensor-parallel allreduce", "out of memory");
+                return -1;
+            }
+            p->tp_scratch = n;
+            p->tp_scratch_bytes = bytes;
+        }
+        st = det_allreduce(p->cfg.tp, buf, count, dt, p->tp_scratch);
+        note_det(p, st, p->cfg.tp, "tensor-parallel allreduce");
+    }
+    p->wait_s += now_s() - t0;
+    return st == WEFT_OK ? 0 : -1;
+}
 /* ---- life cycle ----------------------------------------------------------- */
 
-struct par *par_create(weft_comm_t comm, int zero, const struct model_layout *lay,
-                       size_t bucket_bytes)
+struct par *par_create(const struct par_config *cfg, const struct model *model)
 {
+    const struct model_layout *lay = model_layout(model);
     struct par *p = calloc(1, sizeof(*p));
     if (p == NULL)
         goto oom;
-    p->comm = comm;
-    p->n = 1;
-    if (comm) {
-        weft_comm_rank(comm, &p->rank);
-        weft_comm_size(comm, &p->n);
+    p->cfg = *cfg;
+    p->comm = cfg->dp;
+    p->n = p->tp = 1;
+    if (cfg->dp) {
+        weft_comm_rank(cfg->dp, &p->rank);
+        weft_comm_size(cfg->dp, &p->n);
     }
-    p->zero = p->n > 1 ? zero : 0;
+    if (cfg->tp)
+        weft_comm_size(cfg->tp, &p->tp);
+    p->zero = p->n > 1 ? cfg->zero : 0;
+    p->model = model;
     p->lay = lay;
     p->nunits = lay->nunits;
+    p->keep = model_first(model) && model_last(model) ? 0 : -1; /* wte: embedding and head */
     int U = p->nunits;
     p->s = calloc((size_t)U, sizeof(size_t));
     p->poff = calloc((size_t)U + 1, sizeof(size_t));
@@ -328,7 +434,7 @@ struct par *par_create(weft_comm_t comm, int zero, const struct model_layout *la
     for (int u = U - 1; u >= 0; u--) {
         p->bucket_of[u] = nb;
         acc += p->n * p->s[u] * sizeof(float);
-        if (acc >= bucket_bytes || u == 0) {
+        if (acc >= cfg->bucket_bytes || u == 0) {
             nb++;
             acc = 0;
         }
@@ -344,16 +450,22 @@ struct par *par_create(weft_comm_t comm, int zero, const struct model_layout *la
         p->scr[i].unit = -1;
     for (int i = 0; i < NSLOT; i++)
         p->slot[i].unit = -1;
-    p->emb.unit = -1;
+    p->kept.unit = -1;
     size_t whole = p->P, shard = p->S;
+    size_t moments = p->zero >= 1 ? shard : whole;
     p->params = zalloc(p->zero == 3 ? shard : whole);
     p->grads = zalloc(p->zero >= 2 ? shard : whole);
-    p->m = zalloc(p->zero >= 1 ? shard : whole);
-    p->v = zalloc(p->zero >= 1 ? shard : whole);
-    if (!p->params || !p->grads || !p->m || !p->v)
+    if (!p->params || !p->grads)
         goto oom;
+    char err[512];
+    p->off = offload_create(&cfg->offload, cfg->world_rank, moments, 2, OFFLOAD_CHUNK, err,
+                            sizeof(err));
+    if (p->off == NULL) {
+        fprintf(stderr, "trainer: %s\n", err);
+        goto fail;
+    }
     size_t unit_floats = (size_t)p->n * p->smax;
-    if (p->zero >= 2)
+    if (p->zero >= 2 || cfg->det)
         for (int i = 0; i < NSCRATCH; i++) {
             p->scr[i].full = zalloc(unit_floats);
             p->scr[i].part = zalloc(p->smax);
@@ -361,22 +473,37 @@ struct par *par_create(weft_comm_t comm, int zero, const struct model_layout *la
                 goto oom;
             p->comm_bytes += (unit_floats + p->smax) * sizeof(float);
         }
+    if (cfg->det) {
+        p->acc = tacc_create(p->S, cfg->micro > 0 ? cfg->micro : 1);
+        p->det_scratch = zalloc(unit_floats);
+        if (!p->acc || !p->det_scratch)
+            goto oom;
+        int items = 0;
+        for (int k = cfg->micro > 0 ? cfg->micro : 1; k > 0; k /= 2)
+            items++;
+        p->comm_bytes += ((size_t)(items + 1) * p->S + unit_floats) * sizeof(float);
+    }
     if (p->zero == 3) {
         for (int i = 0; i < NSLOT; i++) {
             p->slot[i].buf = zalloc(unit_floats);
             if (!p->slot[i].buf)
                 goto oom;
         }
-        p->emb.buf = zalloc((size_t)p->n * p->s[EMB]);
-        if (!p->emb.buf)
-            goto oom;
-        p->comm_bytes += (NSLOT * unit_floats + (size_t)p->n * p->s[EMB]) * sizeof(float);
+        p->comm_bytes += NSLOT * unit_floats * sizeof(float);
+        if (p->keep >= 0) {
+            p->kept.buf = zalloc((size_t)p->n * p->s[p->keep]);
+            if (!p->kept.buf)
+                goto oom;
+            p->comm_bytes += (size_t)p->n * p->s[p->keep] * sizeof(float);
+        }
     }
     p->hooks = (struct model_hooks){p, hook_params, hook_params_done, hook_grads,
-                                    hook_grads_done, NULL};
+                                    hook_grads_done, hook_tp_allreduce};
+    p->tie_unit = -1;
     return p;
 oom:
     fprintf(stderr, "trainer: out of memory for the model state\n");
+fail:
     par_destroy(p);
     return NULL;
 }
@@ -391,11 +518,13 @@ void par_destroy(struct par *p)
     }
     for (int i = 0; i < NSLOT; i++)
         free(p->slot[i].buf);
-    free(p->emb.buf);
+    free(p->kept.buf);
     free(p->params);
     free(p->grads);
-    free(p->m);
-    free(p->v);
+    offload_destroy(p->off);
+    tacc_destroy(p->acc);
+    free(p->det_scratch);
+    free(p->tp_scratch);
     free(p->pending);
     free(p->s);
     free(p->poff);
@@ -404,6 +533,14 @@ void par_destroy(struct par *p)
     free(p->bucket_lo);
     free(p->bucket_left);
     free(p);
+}
+
+void par_tie(struct par *p, weft_comm_t comm, int peer, int unit, bool send)
+{
+    p->tie_comm = comm;
+    p->tie_peer = peer;
+    p->tie_unit = unit;
+    p->tie_send = send;
 }
 
 /* Where this rank keeps its slice of unit u for a buffer kept whole
@@ -420,7 +557,30 @@ static size_t owned_len(const struct par *p, int u, int r)
     return lo >= len ? 0 : len - lo < p->s[u] ? len - lo : p->s[u];
 }
 
-void par_import(struct par *p, const float *params, const float *m, const float *v, long step)
+/* The moments' layout: whole (zero 0) or this rank's shard. */
+static bool moments_whole(const struct par *p)
+{
+    return p->zero == 0;
+}
+
+/* Copies between an unpadded local-layout array and the moments' layout
+ * (to_moments) for every unit. */
+static void moments_map(const struct par *p, const float *flat, float *mom, float *flat_out,
+                        const float *mom_in)
+{
+    for (int u = 0; u < p->nunits; u++) {
+        size_t off = p->lay->unit_off[u];
+        size_t lo = moments_whole(p) ? 0 : (size_t)p->rank * p->s[u];
+        size_t len = moments_whole(p) ? unit_len(p, u) : owned_len(p, u, p->rank);
+        size_t at = moments_whole(p) ? p->poff[u] : p->soff[u];
+        if (mom)
+            memcpy(mom + at, flat + off + lo, len * sizeof(float));
+        else
+            memcpy(flat_out + off + lo, mom_in + at, len * sizeof(float));
+    }
+}
+
+int par_import(struct par *p, const float *params, const float *m, const float *v, long step)
 {
     for (int u = 0; u < p->nunits; u++) {
         const size_t off = p->lay->unit_off[u], len = unit_len(p, u);
@@ -429,35 +589,69 @@ void par_import(struct par *p, const float *params, const float *m, const float 
         else
             memcpy(owned(p, p->params, false, u), params + off + (size_t)p->rank * p->s[u],
                    owned_len(p, u, p->rank) * sizeof(float));
-        const float *src[2] = {m, v};
-        float *dst[2] = {p->m, p->v};
-        for (int k = 0; k < 2; k++) {
-            if (src[k] == NULL)
-                continue;
-            if (p->zero == 0)
-                memcpy(dst[k] + p->poff[u], src[k] + off, len * sizeof(float));
-            else
-                memcpy(owned(p, dst[k], false, u), src[k] + off + (size_t)p->rank * p->s[u],
-                       owned_len(p, u, p->rank) * sizeof(float));
+    }
+    size_t nm = moments_whole(p) ? p->P : p->S;
+    const float *src[2] = {m, v};
+    float *tmp = NULL;
+    for (int k = 0; k < 2; k++) {
+        if (src[k] == NULL)
+            continue;
+        if (tmp == NULL && (tmp = zalloc(nm)) == NULL) {
+            fprintf(stderr, "trainer: out of memory for the optimizer state\n");
+            return -1;
+        }
+        moments_map(p, src[k], tmp, NULL, NULL);
+        if (offload_store(p->off, k, tmp) != 0) {
+            fprintf(stderr, "trainer: %s\n", offload_error(p->off));
+            free(tmp);
+            return -1;
         }
     }
+    free(tmp);
     p->steps = step;
-    p->emb.unit = -1;
+    p->kept.unit = -1;
+    return 0;
 }
 
 weft_status_t par_export(struct par *p, int which, float *out)
 {
-    float *buf = which == 0 ? p->params : which == 1 ? p->m : p->v;
-    bool whole = which == 0 ? p->zero < 3 : p->zero == 0;
+    if (which > 0) { /* moments: whole or shard, through the offload */
+        size_t nm = moments_whole(p) ? p->P : p->S;
+        float *mom = zalloc(nm);
+        float *tmp = moments_whole(p) ? NULL : malloc((size_t)p->n * p->smax * sizeof(float));
+        weft_status_t st = WEFT_OK;
+        if (mom == NULL || (!moments_whole(p) && tmp == NULL))
+            st = WEFT_ERR_NO_MEMORY;
+        else if (offload_load(p->off, which - 1, mom) != 0) {
+            fail(p, WEFT_ERR_SYSTEM, "optimizer state", offload_error(p->off));
+            st = WEFT_ERR_SYSTEM;
+        }
+        for (int u = 0; u < p->nunits && st == WEFT_OK; u++) {
+            const float *full = mom + p->poff[u];
+            if (!moments_whole(p)) {
+                double t0 = now_s();
+                st = weft_allgather(mom + p->soff[u], tmp, p->s[u], WEFT_FLOAT32, p->comm);
+                p->wait_s += now_s() - t0;
+                full = tmp;
+            }
+            if (out)
+                memcpy(out + p->lay->unit_off[u], full, unit_len(p, u) * sizeof(float));
+        }
+        free(mom);
+        free(tmp);
+        return st;
+    }
+    bool whole = p->zero < 3;
     float *tmp = whole ? NULL : malloc((size_t)p->n * p->smax * sizeof(float));
     if (!whole && tmp == NULL)
         return WEFT_ERR_NO_MEMORY;
     weft_status_t st = WEFT_OK;
     for (int u = 0; u < p->nunits && st == WEFT_OK; u++) {
-        const float *full = buf + p->poff[u];
+        const float *full = p->params + p->poff[u];
         if (!whole) {
             double t0 = now_s();
-            st = weft_allgather(owned(p, buf, false, u), tmp, p->s[u], WEFT_FLOAT32, p->comm);
+            st = weft_allgather(owned(p, p->params, false, u), tmp, p->s[u], WEFT_FLOAT32,
+                                p->comm);
             p->wait_s += now_s() - t0;
             full = tmp;
         }
@@ -478,6 +672,8 @@ const struct model_hooks *par_hooks(struct par *p)
 void par_zero_grads(struct par *p)
 {
     memset(p->grads, 0, (p->zero >= 2 ? p->S : p->P) * sizeof(float));
+    if (p->acc)
+        tacc_reset(p->acc);
 }
 
 void par_begin_forward(struct par *p)
@@ -491,13 +687,20 @@ void par_begin_backward(struct par *p, bool last)
     p->last = last;
     for (int b = 0; b < p->nbuckets; b++)
         p->bucket_left[b] = p->bucket_lo[b + 1] - p->bucket_lo[b];
+    if (p->acc) {
+        /* Units that get no gradient in this pass (a stage's wte copy)
+         * must add zeros. */
+        p->item = tacc_slot(p->acc);
+        if (p->item)
+            memset(p->item, 0, p->S * sizeof(float));
+        else
+            fail(p, WEFT_ERR_INVALID_ARG, "gradient accumulation", "more micro-batches than planned");
+    }
 }
 
 weft_status_t par_end_backward(struct par *p)
 {
-    for (int i = 0; i < p->npending; i++)
-        wait_req(p, &p->pending[i], "gradient reduction");
-    p->npending = 0;
+    wait_pending(p, "gradient reduction");
     for (int i = 0; i < NSCRATCH; i++)
         retire(p, &p->scr[i]);
     for (int i = 0; i < NSLOT; i++) { /* prefetches nobody asked for */
@@ -505,59 +708,170 @@ weft_status_t par_end_backward(struct par *p)
         p->slot[i].unit = -1;
         p->slot[i].busy = false;
     }
+    if (p->acc && p->item) {
+        tacc_commit(p->acc);
+        p->item = NULL;
+    }
     p->backward = false;
     return p->err;
 }
 
 weft_status_t par_sum(struct par *p, double *v, int n)
 {
-    if (p->n == 1)
+    if (p->cfg.world == NULL)
         return WEFT_OK;
     double t0 = now_s();
-    weft_status_t st = weft_allreduce(v, v, (size_t)n, WEFT_FLOAT64, WEFT_SUM, p->comm);
+    weft_status_t st = weft_allreduce(v, v, (size_t)n, WEFT_FLOAT64, WEFT_SUM, p->cfg.world);
     p->wait_s += now_s() - t0;
+    if (st != WEFT_OK)
+        fail(p, st, "sum over ranks", weft_last_error(p->cfg.world));
     return st;
+}
+
+/* Deterministic mode: the accumulated gradient shard into the gradient
+ * buffer (whole for zero 0/1). */
+static void det_finish(struct par *p)
+{
+    const float *sum = tacc_finish(p->acc, NULL);
+    if (sum == NULL)
+        return;
+    if (p->zero >= 2) {
+        memcpy(p->grads, sum, p->S * sizeof(float));
+        return;
+    }
+    for (int u = 0; u < p->nunits && p->err == WEFT_OK; u++) {
+        float *g = p->grads + p->poff[u];
+        if (p->n == 1) {
+            memcpy(g, sum + p->soff[u], p->s[u] * sizeof(float));
+            continue;
+        }
+        double t0 = now_s();
+        note(p, weft_allgather(sum + p->soff[u], g, p->s[u], WEFT_FLOAT32, p->comm),
+             "gradient allgather");
+        p->wait_s += now_s() - t0;
+    }
+}
+
+/* The gradient the optimizer reads for unit u, and its length. */
+static float *opt_grads(const struct par *p, int u, size_t *len)
+{
+    if (p->zero == 0) {
+        *len = unit_len(p, u);
+        return p->grads + p->poff[u];
+    }
+    *len = owned_len(p, u, p->rank);
+    return owned(p, p->grads, p->zero == 1, u);
+}
+
+/* The first stage's wte gradient to the last stage's copy. */
+static void tie_exchange(struct par *p)
+{
+    if (p->tie_comm == NULL || p->err != WEFT_OK)
+        return;
+    size_t len;
+    float *g = opt_grads(p, p->tie_unit, &len);
+    double t0 = now_s();
+    weft_status_t st = p->tie_send ? weft_send(g, len, WEFT_FLOAT32, p->tie_peer, p->tie_comm)
+                                   : weft_recv(g, len, WEFT_FLOAT32, p->tie_peer, p->tie_comm);
+    p->wait_s += now_s() - t0;
+    if (st != WEFT_OK)
+        fail(p, st, "tied embedding gradient", weft_last_error(p->tie_comm));
+}
+
+/* The global gradient norm: the squares of what this rank alone holds,
+ * binned so that any order of adding gives the same bits. */
+static weft_status_t grad_norm(struct par *p, float scale, float *norm)
+{
+    int64_t bins[XSQ_BINS];
+    memset(bins, 0, sizeof(bins));
+    for (int u = 0; u < p->nunits; u++) {
+        struct model_span sp[16];
+        int ns = model_norm_spans(p->model, u, sp);
+        size_t glen;
+        const float *g = opt_grads(p, u, &glen);
+        size_t lo = p->zero == 0 ? 0 : (size_t)p->rank * p->s[u];
+        size_t hi = lo + (p->zero == 0 ? unit_len(p, u) : owned_len(p, u, p->rank));
+        if (p->zero == 0 && p->n > 1) { /* whole on every rank: count our slice */
+            lo = (size_t)p->rank * p->s[u];
+            hi = lo + owned_len(p, u, p->rank);
+        }
+        size_t base = p->zero == 0 ? 0 : (size_t)p->rank * p->s[u];
+        for (int k = 0; k < ns; k++) {
+            size_t a = sp[k].off > lo ? sp[k].off : lo;
+            size_t b = sp[k].off + sp[k].len < hi ? sp[k].off + sp[k].len : hi;
+            if (a < b)
+                xsq_add(bins, g + (a - base), b - a, scale);
+        }
+    }
+    if (p->cfg.world) {
+        double t0 = now_s();
+        weft_status_t st =
+            weft_allreduce(bins, bins, XSQ_BINS, WEFT_INT64, WEFT_SUM, p->cfg.world);
+        p->wait_s += now_s() - t0;
+        if (st != WEFT_OK) {
+            fail(p, st, "gradient norm", weft_last_error(p->cfg.world));
+            return st;
+        }
+    }
+    *norm = (float)sqrt(xsq_total(bins));
+    return WEFT_OK;
+}
+
+/* AdamW over moments [off, off + len) (the moments' layout), mm and vv
+ * pointing at that range. */
+static void update_range(struct par *p, const struct adamw *o, float gs, float b1c, float b2c,
+                         size_t off, size_t len, float *mm, float *vv)
+{
+    for (int u = 0; u < p->nunits && len > 0; u++) {
+        size_t ulo = moments_whole(p) ? p->poff[u] : p->soff[u];
+        size_t ulen = moments_whole(p) ? p->poff[u + 1] - ulo : p->s[u];
+        if (off >= ulo + ulen)
+            continue;
+        size_t j0 = off - ulo, n = ulen - j0 < len ? ulen - j0 : len;
+        float *w = moments_whole(p) ? p->params + off : owned(p, p->params, p->zero < 3, u) + j0;
+        const float *g = moments_whole(p) ? p->grads + off
+                                          : owned(p, p->grads, p->zero == 1, u) + j0;
+        for (size_t i = 0; i < n; i++) {
+            float gi = g[i] * gs;
+            mm[i] = o->beta1 * mm[i] + (1.0f - o->beta1) * gi;
+            vv[i] = o->beta2 * vv[i] + (1.0f - o->beta2) * gi * gi;
+            float mh = mm[i] / b1c, vh = vv[i] / b2c;
+            w[i] -= o->lr * (mh / (sqrtf(vh) + o->eps) + o->weight_decay * w[i]);
+        }
+        off += n;
+        len -= n;
+        mm += n;
+        vv += n;
+    }
 }
 
 weft_status_t par_step(struct par *p, const struct adamw *o, int global, float *norm)
 {
     if (p->err != WEFT_OK)
         return p->err;
+    if (p->acc)
+        det_finish(p);
+    tie_exchange(p);
+    if (p->err != WEFT_OK)
+        return p->err;
     const float scale = 1.0f / (float)global;
-    /* Global norm of the averaged gradient, from what each rank owns. */
-    double sq = 0;
-    for (int u = 0; u < p->nunits; u++) {
-        const float *g = p->zero == 0 ? p->grads + p->poff[u]
-                                      : owned(p, p->grads, p->zero == 1, u);
-        size_t len = p->zero == 0 ? unit_len(p, u) : owned_len(p, u, p->rank);
-        for (size_t i = 0; i < len; i++)
-            sq += (double)(g[i] * scale) * (double)(g[i] * scale);
-    }
-    weft_status_t st = p->zero == 0 ? WEFT_OK : par_sum(p, &sq, 1);
-    if (st != WEFT_OK)
-        return st;
-    *norm = (float)sqrt(sq);
+    if (grad_norm(p, scale, norm) != WEFT_OK)
+        return p->err;
     float c = o->clip > 0 && *norm > o->clip ? o->clip / *norm : 1.0f;
     const float gs = scale * c;
     p->steps++;
     const float b1c = 1.0f - powf(o->beta1, (float)p->steps);
     const float b2c = 1.0f - powf(o->beta2, (float)p->steps);
-    for (int u = 0; u < p->nunits; u++) {
-        size_t len = p->zero == 0 ? unit_len(p, u) : owned_len(p, u, p->rank);
-        float *w = p->zero == 0 ? p->params + p->poff[u] : owned(p, p->params, p->zero < 3, u);
-        const float *g = p->zero == 0 ? p->grads + p->poff[u]
-                                      : owned(p, p->grads, p->zero == 1, u);
-        float *m = p->zero == 0 ? p->m + p->poff[u] : owned(p, p->m, false, u);
-        float *v = p->zero == 0 ? p->v + p->poff[u] : owned(p, p->v, false, u);
-        for (size_t i = 0; i < len; i++) {
-            float gi = g[i] * gs;
-            m[i] = o->beta1 * m[i] + (1.0f - o->beta1) * gi;
-            v[i] = o->beta2 * v[i] + (1.0f - o->beta2) * gi * gi;
-            float mh = m[i] / b1c, vh = v[i] / b2c;
-            w[i] -= o->lr * (mh / (sqrtf(vh) + o->eps) + o->weight_decay * w[i]);
-        }
+    size_t off, len;
+    float *ptr[2];
+    int rc = offload_begin(p->off);
+    while (rc == 0 && (rc = offload_next(p->off, &off, &len, ptr)) > 0)
+        update_range(p, o, gs, b1c, b2c, off, len, ptr[0], ptr[1]), rc = 0;
+    if (rc < 0) {
+        fail(p, WEFT_ERR_SYSTEM, "optimizer state", offload_error(p->off));
+        return p->err;
     }
-    p->emb.unit = -1; /* gathered embeddings are stale now */
+    p->kept.unit = -1; /* gathered parameters are stale now */
     if (p->zero == 1 || p->zero == 2) {
         /* Each rank updated its slice; make the parameters whole again. */
         for (int u = 0; u < p->nunits; u++) {
@@ -569,9 +883,7 @@ weft_status_t par_step(struct par *p, const struct adamw *o, int global, float *
             if (req)
                 pend(p, req);
         }
-        for (int i = 0; i < p->npending; i++)
-            wait_req(p, &p->pending[i], "parameter allgather");
-        p->npending = 0;
+        wait_pending(p, "parameter allgather");
     }
     return p->err;
 }
@@ -579,11 +891,13 @@ weft_status_t par_step(struct par *p, const struct adamw *o, int global, float *
 struct par_memory par_memory(const struct par *p)
 {
     size_t f = sizeof(float);
+    struct offload_stats os = offload_stats(p->off);
     return (struct par_memory){
         .params = (p->zero == 3 ? p->S : p->P) * f,
         .grads = (p->zero >= 2 ? p->S : p->P) * f,
-        .optimizer = 2 * (p->zero >= 1 ? p->S : p->P) * f,
+        .optimizer = os.resident_bytes,
         .comm = p->comm_bytes,
+        .offloaded = os.stored_bytes,
     };
 }
 
@@ -592,7 +906,22 @@ double par_wait_seconds(const struct par *p)
     return p->wait_s;
 }
 
+void par_add_wait(struct par *p, double s)
+{
+    p->wait_s += s;
+}
+
+struct offload_stats par_offload_stats(const struct par *p)
+{
+    return offload_stats(p->off);
+}
+
 long par_steps(const struct par *p)
 {
     return p->steps;
+}
+
+const char *par_error(const struct par *p)
+{
+    return p->errtext;
 }
