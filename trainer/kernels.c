@@ -59,7 +59,7 @@ typedef float v8u __attribute__((vector_size(32), aligned(4)));
  * edge) computes it, so the result does not depend on the tiling.
  */
 #define NR 16
-#define GEMM_DEFINE(name, V, VU, VW, MR, attr)                                                 \
+#define GEMM_DEFINE(name, V, VU, VW, MR, MADD, attr)                                                 \
     static inline __attribute__((always_inline)) void name##_tile(                             \
         float *c, size_t ldc, const float *a, size_t sam, size_t sak, const float *b,          \
         size_t ldb, size_t K, const float *bias, int accumulate, const int mr)                 \
@@ -108,7 +108,7 @@ typedef float v8u __attribute__((vector_size(32), aligned(4)));
             for (size_t n = nfull; n < Nc; n++) {                                              \
                 float s = 0.0f;                                                                \
                 for (size_t k = 0; k < K; k++)                                                 \
-                    s += a[m * sam + k * sak] * b[k * ldb + n];                                \
+                    s = MADD(a[m * sam + k * sak], b[k * ldb + n], s);                         \
                 if (accumulate)                                                                \
                     c[m * ldc + n] += s;                                                       \
                 else                                                                           \
@@ -116,11 +116,22 @@ typedef float v8u __attribute__((vector_size(32), aligned(4)));
             }                                                                                  \
     }
 
+/* The edge columns' multiply-add must round as the tiles' vector one does
+ * (fused where the target fuses it), or a tensor-parallel slice whose
+ * width is not a multiple of 16 would compute other bits than the whole. */
+#define MADD_PLAIN(x, y, s) ((s) + (x) * (y))
+#define MADD_FUSED(x, y, s) __builtin_fmaf((x), (y), (s))
+#if defined(__FP_FAST_FMAF)
+#define MADD_BASE MADD_FUSED
+#else
+#define MADD_BASE MADD_PLAIN
+#endif
+
 /* 128-bit vectors (SSE, NEON, or plain scalars): 3 x 4 accumulators. */
-GEMM_DEFINE(gemm_v4, v4, v4u, 4, 3, )
+GEMM_DEFINE(gemm_v4, v4, v4u, 4, 3, MADD_BASE, )
 #if KERN_X86
 /* AVX2 + FMA: 6 x 2 accumulators of 8 floats, 12 of the 16 registers. */
-GEMM_DEFINE(gemm_v8, v8, v8u, 8, 6, KERN_V3)
+GEMM_DEFINE(gemm_v8, v8, v8u, 8, 6, MADD_FUSED, KERN_V3)
 #endif
 
 void kern_gemm(float *c, size_t ldc, const float *a, size_t sam, size_t sak, const float *b,
