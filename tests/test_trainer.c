@@ -372,6 +372,28 @@ Test(trainer, bad_input_gives_clear_errors)
     cr_assert(rc == 2 && strstr(out, "--steps") != NULL, "rc %d: %s", rc, out);
     rc = train(2, "--dp 4", out, sizeof(out));
     cr_assert(rc != 0 && strstr(out, "--dp 4 but 2 rank") != NULL, "rc %d: %s", rc, out);
+    /* Layouts that cannot be built, each refused with its reason. */
+    static const struct {
+        int n;
+        const char *args, *want;
+    } bad[] = {
+        {6, "--tp 3", "--tp 3 does not divide --heads 4"},
+        {3, "--tp 2", "does not divide the 3 rank(s)"},
+        {4, "--tp 2 --pp 2 --dp 2", "--dp 2 but 4 rank(s)"},
+        {3, "--pp 3 --layers 2", "--pp 3 exceeds --layers 2"},
+        {1, "--schedule gpipe", "--schedule needs a pipeline"},
+        {1, "--schedule zigzag --pp 2", "--schedule is gpipe or 1f1b"},
+        {2, "--pp 2 --layers 4 --stage-layers 1,2", "--stage-layers '1,2' must give 2"},
+        {2, "--pp 2 --layers 4 --stage-layers 3,1,0", "--stage-layers"},
+        {3, "--tp 3 --heads 6 --channels 48", "--tp 3 does not divide 16"},
+        {1, "--offload gpu", "--offload"},
+        {1, "--offload file:/nonexistent/dir", "/nonexistent/dir"},
+    };
+    for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        rc = train(bad[k].n, bad[k].args, out, sizeof(out));
+        cr_assert(rc != 0 && strstr(out, bad[k].want) != NULL, "%d ranks %s: rc %d, want '%s':\n%s",
+                  bad[k].n, bad[k].args, rc, bad[k].want, out);
+    }
     /* A damaged checkpoint is refused with its name. */
     snprintf(args, sizeof(args), TINY "--steps 2 --save %s/ck.bin", work);
     run_ok(1, args);
@@ -390,6 +412,19 @@ Test(trainer, bad_input_gives_clear_errors)
         cr_skip_test("cannot mount a small tmpfs here (not root?): full-disk case not run");
     snprintf(args, sizeof(args), TINY "--steps 2 --save %s/ck.bin", mnt);
     rc = train(1, args, out, sizeof(out));
-    umount(mnt);
     cr_assert(rc != 0 && strstr(out, "No space left on device") != NULL, "rc %d: %s", rc, out);
+    /* An offload directory that fills up: the step fails with the reason,
+     * and the checkpoint taken before still resumes. */
+    snprintf(args, sizeof(args), TINY "--steps 2 --save %s/good.bin", work);
+    run_ok(1, args);
+    snprintf(args, sizeof(args), TINY "--steps 4 --resume %s/good.bin --offload file:%s", work,
+             mnt);
+    rc = train(1, args, out, sizeof(out));
+    cr_assert(rc != 0 && strstr(out, "No space left on device") != NULL, "rc %d: %s", rc, out);
+    snprintf(args, sizeof(args), TINY "--steps 4 --offload file:%s", mnt);
+    rc = train(2, args, out, sizeof(out));
+    cr_assert(rc != 0 && strstr(out, "No space left on device") != NULL, "rc %d: %s", rc, out);
+    umount(mnt);
+    snprintf(args, sizeof(args), TINY "--steps 4 --resume %s/good.bin", work);
+    run_ok(1, args);
 }

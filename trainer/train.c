@@ -228,28 +228,26 @@ static int split_stages(struct run *r)
     int L = o->cfg.layers, pp = o->pp;
     int *lo = r->stage_lo;
     if (o->stage_layers) {
+        int k = 0;
         const char *s = o->stage_layers;
-        int k = 0, sum = 0;
         lo[0] = 0;
-        while (*s && k < pp) {
+        for (;;) {
             char *end;
             long v = strtol(s, &end, 10);
-            if (end == s || v < 1 || v > L)
+            if (end == s || v < 1 || v > L || k == pp || (*end != ',' && *end != '\0'))
                 break;
-            sum += (int)v;
-            lo[++k] = sum;
-            s = *end == ',' ? end + 1 : end;
-            if (*end != ',' && *end != '\0')
+            lo[k + 1] = lo[k] + (int)v;
+            k++;
+            if (*end == '\0') {
+                if (k == pp && lo[k] == L)
+                    return 0;
                 break;
-            if (*end == '\0')
-                break;
+            }
+            s = end + 1;
         }
-        if (k != pp || sum != L || *s == ',' || (s[0] && strchr(s, ',') != NULL)) {
-            fprintf(stderr, "weft-train: --stage-layers '%s' must give %d positive layer counts "
-                            "summing to --layers %d\n", o->stage_layers, pp, L);
-            return -1;
-        }
-        return 0;
+        fprintf(stderr, "weft-train: --stage-layers '%s' must give %d positive layer counts "
+                        "summing to --layers %d\n", o->stage_layers, pp, L);
+        return -1;
     }
     double C = o->cfg.channels, V = o->cfg.vocab, MT = o->cfg.max_t;
     double layer = 12 * C * C + 13 * C, first = (V + MT) * C, last = V * C + 2 * C;
