@@ -82,7 +82,7 @@ static void usage(FILE *f)
             "            --weight-decay D (0.1) --clip G (1.0) --bucket-mb M (1)\n"
             "  data:     --seed S (1) --val-fraction F (0.1) --val-batches V (8)\n"
             "            --eval-every E (0: at the end)\n"
-            "  output:   --log CSV --label TEXT --save CKPT (%%d: the step) --save-every E\n"
+            "  output:   --log CSV (\"%%r\": one per rank) --label TEXT --save CKPT (%%d: the step) --save-every E\n"
             "            --resume CKPT\n"
             "            --sample NBYTES (200) --prompt TEXT\n"
             "  WEFT_DETERMINISTIC=1: every layout computes the serial run's bits\n");
@@ -599,14 +599,14 @@ static int save(struct run *r, const char *path, long step)
     return agree > 0 ? 0 : -1;
 }
 
-/* The checkpoint path for step: the first "%d" of pattern becomes it. */
-static const char *save_path(const char *pattern, long step, char *out, size_t len)
+/* pattern with its first `key` ("%d", "%r") replaced by v. */
+static const char *subst(const char *pattern, const char *key, long v, char *out, size_t len)
 {
-    const char *at = strstr(pattern, "%d");
+    const char *at = strstr(pattern, key);
     if (at == NULL)
         snprintf(out, len, "%s", pattern);
     else
-        snprintf(out, len, "%.*s%ld%s", (int)(at - pattern), pattern, step, at + 2);
+        snprintf(out, len, "%.*s%ld%s", (int)(at - pattern), pattern, v, at + 2);
     return out;
 }
 
@@ -803,7 +803,7 @@ static int train(struct run *r)
     long tokens_per_step = (long)r->global * o->B * o->T;
     double t_start = now_s(), busy = 0, bubble = 0, timed = 0;
     long ntimed = 0;
-    if (r->rank == 0 && r->log)
+    if (r->log)
         fprintf(r->log, "step,train_loss,val_loss,lr,tokens_per_s,compute_ms,comm_ms,bubble_ms,"
                         "loss_bits\n# label: %s\n",
                 o->label ? o->label : "run");
@@ -841,21 +841,21 @@ static int train(struct run *r)
                 printf(" | val %.4f", val);
             printf("\n");
             fflush(stdout);
-            if (r->log) {
-                fprintf(r->log, "%ld,%.9g,", step + 1, loss);
-                if (!isnan(val))
-                    fprintf(r->log, "%.9g", val);
-                fprintf(r->log, ",%.6g,%.1f,%.3f,%.3f,%.3f,%a\n", lr, tokens_per_step / dt,
-                        (dt - wait - pb) * 1e3, wait * 1e3, pb * 1e3, loss);
-                fflush(r->log);
-            }
+        }
+        if (r->log) {
+            fprintf(r->log, "%ld,%.9g,", step + 1, loss);
+            if (!isnan(val))
+                fprintf(r->log, "%.9g", val);
+            fprintf(r->log, ",%.6g,%.1f,%.3f,%.3f,%.3f,%a\n", lr, tokens_per_step / dt,
+                    (dt - wait - pb) * 1e3, wait * 1e3, pb * 1e3, loss);
+            fflush(r->log);
         }
         if (last && r->rank == 0)
             printf("validation loss %.4f nats/byte; byte-unigram entropy of the training text "
                    "%.4f nats/byte\n",
                    val, data_unigram_entropy(&r->data));
         if (o->save && ((o->save_every && (step + 1) % o->save_every == 0) || last) &&
-            save(r, save_path(o->save, step + 1, path, sizeof(path)), step + 1) != 0) {
+            save(r, subst(o->save, "%d", step + 1, path, sizeof(path)), step + 1) != 0) {
             if (r->rank == 0)
                 fprintf(stderr, "weft-train: checkpoint at step %ld not saved; %s\n", step + 1,
                         last ? "giving up" : "training goes on");
@@ -949,10 +949,6 @@ int main(int argc, char **argv)
     if (setup(&r) != 0)
         goto out;
     if (r.rank == 0) {
-        if (o->log && (r.log = fopen(o->log, "w")) == NULL) {
-            perror(o->log);
-            goto out;
-        }
         printf("weft-train: %zu parameters (L=%d C=%d H=%d T=%d), %d rank(s): dp %d x tp %d x "
                "pp %d, ZeRO-%d, %d x %d micro-batches of %dx%d bytes per step, %zu training "
                "bytes%s\n",
@@ -965,6 +961,13 @@ int main(int argc, char **argv)
                 printf(" [%d, %d)", r.stage_lo[s], r.stage_lo[s + 1]);
             printf(", %s schedule\n", o->f1b1 ? "1F1B" : "GPipe");
         }
+    }
+    /* Rank 0 logs; with "%r" in the path, every rank logs its own times. */
+    char logpath[4096];
+    if (o->log && (r.rank == 0 || strstr(o->log, "%r")) &&
+        (r.log = fopen(subst(o->log, "%r", r.rank, logpath, sizeof(logpath)), "w")) == NULL) {
+        perror(logpath);
+        goto out;
     }
     if (train(&r) != 0)
         goto out;
