@@ -40,7 +40,7 @@ struct opts {
 
 /* Per-step time split of this rank. */
 struct clock {
-    double compute, bubble; /* passes; blocked on pipeline neighbours */
+    double compute;         /* in passes, less their waits on weft */
     int live, peak;         /* micro-batches whose activations are held */
 };
 
@@ -357,9 +357,7 @@ static int wait_send(struct run *r, weft_request_t *req)
 {
     if (*req == NULL)
         return 0;
-    double t0 = now_s();
     weft_status_t st = weft_wait(*req);
-    r->clk.bubble += now_s() - t0;
     *req = NULL;
     if (st != WEFT_OK) {
         fprintf(stderr, "weft-train: rank %d: pipeline send: %s\n", r->rank,
@@ -371,9 +369,7 @@ static int wait_send(struct run *r, weft_request_t *req)
 
 static int precv(struct run *r, void *buf, size_t floats, int peer, const char *what)
 {
-    double t0 = now_s();
     weft_status_t st = weft_recv(buf, floats, WEFT_FLOAT32, peer, r->ppc);
-    r->clk.bubble += now_s() - t0;
     if (st != WEFT_OK) {
         fprintf(stderr, "weft-train: rank %d: pipeline receive of %s: %s\n", r->rank, what,
                 weft_last_error(r->ppc));
@@ -505,6 +501,32 @@ static int run_schedule(struct run *r, long step, double *sum)
         }
     }
     return drain_sends(r);
+}
+
+/*
+ * The step's passes, and the bubble: from the schedule's start until every
+ * stage has finished its own (a barrier of the pipeline group), the time
+ * this stage was neither computing nor waiting on data- or tensor-parallel
+ * communication.  That is its share of the (p-1)/(m+p-1) the schedule
+ * leaves idle, wherever it falls: waiting for the first activations, for
+ * gradients, or for the last stage to drain.
+ */
+static int run_pipeline(struct run *r, long step, double *sum, double *bubble)
+{
+    double t0 = now_s(), w0 = par_wait_seconds(r->par), c0 = r->clk.compute;
+    *bubble = 0;
+    if (run_schedule(r, step, sum) != 0)
+        return -1;
+    if (r->ppc == NULL)
+        return 0;
+    double token = 0;
+    if (weft_allreduce(&token, &token, 1, WEFT_FLOAT64, WEFT_SUM, r->ppc) != WEFT_OK) {
+        fprintf(stderr, "weft-train: rank %d: pipeline barrier: %s\n", r->rank,
+                weft_last_error(r->ppc));
+        return -1;
+    }
+    *bubble = now_s() - t0 - (r->clk.compute - c0) - (par_wait_seconds(r->par) - w0);
+    return 0;
 }
 
 /* ---- evaluation, checkpoints, sampling ------------------------------------- */
@@ -742,12 +764,25 @@ static void report(struct run *r, double busy, double bubble, double tok_s)
                    "moved in all; rank 0 spent %.3f s in I/O, %.3f s of it waiting\n",
                    o->offload, a[R_OFFLOADED] / 1e6, wb / 1e6, a[R_IO], a[R_IOWAIT]);
         }
-        double p = o->pp, mm = o->accum;
+        /* The schedule's own prediction with the stages' measured compute
+         * (unequal stages idle more than the formula's equal ones): a
+         * stage of t per micro-batch, makespan sum(t) + (m-1) max(t). */
+        double p = o->pp, mm = o->accum, tsum = 0, tmax = 0, t[MAX_STAGES] = {0};
+        int per = r->n / o->pp;
+        for (int q = 0; q < r->n; q++)
+            t[q / per] += all[R_NUM * q + R_BUSY] / per / mm;
+        for (int st = 0; st < o->pp; st++) {
+            tsum += t[st];
+            tmax = fmax(tmax, t[st]);
+        }
+        double span = tsum + (mm - 1) * tmax, pred = 0;
+        for (int st = 0; st < o->pp && span > 0; st++)
+            pred += (1 - mm * t[st] / span) / o->pp;
         printf("layout dp %d tp %d pp %d zero %d%s%s: %.0f tokens/s; bubble %.1f%% measured, "
-               "%.1f%% by (p-1)/(m+p-1)\n",
+               "%.1f%% by (p-1)/(m+p-1), %.1f%% from the stages' own compute times\n",
                o->dp, o->tp, o->pp, o->zero,
                o->pp > 1 ? (o->f1b1 ? " 1f1b" : " gpipe") : "", r->det ? " deterministic" : "",
-               tok_s, 100 * fb / r->n, 100 * (p - 1) / (mm + p - 1));
+               tok_s, 100 * fb / r->n, 100 * (p - 1) / (mm + p - 1), 100 * pred);
     }
     free(all);
 }
@@ -811,15 +846,16 @@ static int train(struct run *r)
         double t0 = now_s(), w0 = par_wait_seconds(r->par), sum = 0;
         char path[4096];
         float lr = lr_at(o, step), norm = 0;
-        r->clk.compute = r->clk.bubble = 0;
+        r->clk.compute = 0;
         par_zero_grads(r->par);
-        if (run_schedule(r, step, &sum) != 0)
+        double pb;
+        if (run_pipeline(r, step, &sum, &pb) != 0)
             return -1;
         struct adamw opt = {lr, 0.9f, 0.95f, 1e-8f, o->wd, o->clip};
         if (par_sum(r->par, &sum, 1) != WEFT_OK || par_step(r->par, &opt, r->global, &norm) != WEFT_OK)
             return -1;
         double loss = sum / r->global;
-        double dt = now_s() - t0, wait = par_wait_seconds(r->par) - w0, pb = r->clk.bubble;
+        double dt = now_s() - t0, wait = par_wait_seconds(r->par) - w0;
         if (step > start) { /* the first step pays page faults and connection set-up */
             busy += r->clk.compute;
             bubble += pb;
