@@ -33,6 +33,8 @@ struct offload_spec {
  * 0, or -1 with err saying what is wrong and what is expected. */
 int offload_parse(const char *text, struct offload_spec *spec, char *err, size_t errlen);
 
+/* One thread at a time calls an offload's functions (the worker thread is
+ * internal). */
 struct offload;
 
 /* nstreams (1..OFFLOAD_MAX_STREAMS) arrays of n floats each, all zero at
@@ -85,7 +87,10 @@ int offload_load(struct offload *o, int stream, float *dst);
  * file can be read. */
 int offload_begin(struct offload *o);
 int offload_next(struct offload *o, size_t *off, size_t *len, float **ptr);
-/* The first error's text; "" while there is none. */
+/* Why the last call failed: once the offload has failed, the first I/O
+ * error's text for good; before, the last refused call's (next without
+ * begin, begin or load inside a pass: refused, but nothing is lost and
+ * the offload goes on working).  "" if nothing failed yet. */
 const char *offload_error(const struct offload *o);
 
 /* Counts over all passes (store and load are not counted: they are
@@ -94,7 +99,7 @@ const char *offload_error(const struct offload *o);
 struct offload_stats {
     uint64_t bytes_read, bytes_written;
     double io_s;            /* worker's time in pread/pwrite (memcpy for CPU) */
-    double wait_s;          /* caller's time blocked in offload_next */
+    double wait_s;          /* caller's time blocked in offload_next (reads, last writes) */
     uint64_t chunks;        /* chunks handed to the caller */
     uint64_t chunks_ready;  /* of those, already read when asked for */
     uint64_t ahead_max;     /* chunks: the furthest read issued ahead of the caller's */

@@ -3,14 +3,19 @@
  * an AdamW update over m and v (and a parameter array kept in memory)
  * through offload_next, against the same update with --offload none.
  * Prints bytes moved, I/O time, the caller's wait and the share hidden.
+ * cold:DIR is file:DIR with the file's pages synced and dropped from the
+ * page cache before each pass, so that the reads come from the disk.
  *
- *     weft-offload-bench [MB of m+v] [file:DIR|cpu|none ...]
+ *     weft-offload-bench [MB of m+v] [file:DIR|cold:DIR|cpu|none ...]
  */
+#include <fcntl.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "offload.h"
 
@@ -19,6 +24,19 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Writes back and evicts the offload's file (rank 0 of this process). */
+static void drop_cache(const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/weft-optim-rank0.%ld.bin", dir, (long)getpid());
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return;
+    fdatasync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
 }
 
 /* The trainer's AdamW step for elements off..off+len (bias-corrected). */
@@ -38,8 +56,11 @@ static int run(const char *text, size_t n, size_t chunk, int passes, float *para
                const float *grad, double *pass_s)
 {
     struct offload_spec spec;
-    char err[8192];
-    if (offload_parse(text, &spec, err, sizeof(err)) != 0) {
+    char err[8192], file[4200];
+    bool cold = strncmp(text, "cold:", 5) == 0;
+    if (cold)
+        snprintf(file, sizeof(file), "file:%s", text + 5);
+    if (offload_parse(cold ? file : text, &spec, err, sizeof(err)) != 0) {
         fprintf(stderr, "%s\n", err);
         return -1;
     }
@@ -51,6 +72,8 @@ static int run(const char *text, size_t n, size_t chunk, int passes, float *para
     double best = INFINITY;
     int rc = 0;
     for (int p = 1; p <= passes && rc == 0; p++) {
+        if (cold)
+            drop_cache(spec.dir);
         double t0 = now();
         size_t off, len;
         float *ptr[2];
