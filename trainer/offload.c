@@ -124,19 +124,21 @@ static off_t chunk_pos(const struct offload *o, long c)
  * on a read) is an error of its own, reported as -1 instead of an errno. */
 #define SHORT_IO (-1)
 
-/* Moves bytes between buf and the store at pos: 0, an errno or SHORT_IO. */
-static int move(struct offload *o, bool write, void *buf, size_t bytes, off_t pos)
+/* Moves bytes between buf and the store at *pos: 0, an errno or SHORT_IO,
+ * with *pos where it stopped. */
+static int move(struct offload *o, bool write, void *buf, size_t bytes, off_t *pos)
 {
     if (o->kind == OFFLOAD_CPU) {
         if (write)
-            memcpy(o->host + pos, buf, bytes);
+            memcpy(o->host + *pos, buf, bytes);
         else
-            memcpy(buf, o->host + pos, bytes);
+            memcpy(buf, o->host + *pos, bytes);
+        *pos += (off_t)bytes;
         return 0;
     }
     char *p = buf;
     while (bytes > 0) {
-        ssize_t r = write ? pwrite(o->fd, p, bytes, pos) : pread(o->fd, p, bytes, pos);
+        ssize_t r = write ? pwrite(o->fd, p, bytes, *pos) : pread(o->fd, p, bytes, *pos);
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0)
@@ -145,22 +147,23 @@ static int move(struct offload *o, bool write, void *buf, size_t bytes, off_t po
             return SHORT_IO;
         p += r;
         bytes -= (size_t)r;
-        pos += r;
+        *pos += r;
     }
     return 0;
 }
 
 /* Under the lock (or with no pass open): the first error wins, later ones
  * are its consequences. */
-static void fail_io(struct offload *o, bool write, off_t pos, int e)
+static void fail_io(struct offload *o, bool write, off_t from, size_t bytes, off_t at, int e)
 {
     if (o->failed)
         return;
     o->failed = true;
     const char *what = e == SHORT_IO ? (write ? "no bytes written" : "unexpected end of file")
                                      : strerror(e);
-    snprintf(o->err, sizeof(o->err), "offload: %s %s at byte %lld: %s",
-             write ? "write to" : "read from", o->path, (long long)pos, what);
+    snprintf(o->err, sizeof(o->err), "offload: %s %s at byte %lld (of %zu from %lld): %s",
+             write ? "write to" : "read from", o->path, (long long)at, bytes, (long long)from,
+             what);
 }
 
 /* A caller mistake: reported, but the state is intact, so not sticky. */
@@ -224,12 +227,13 @@ static void *worker_main(void *arg)
         off_t pos = chunk_pos(o, s->chunk);
         pthread_mutex_unlock(&o->lock);
         double t0 = now();
-        int e = move(o, write, s->buf, bytes, pos);
+        off_t at = pos;
+        int e = move(o, write, s->buf, bytes, &at);
         double dt = now() - t0;
         pthread_mutex_lock(&o->lock);
         o->st.io_s += dt;
         if (e != 0) {
-            fail_io(o, write, pos, e);
+            fail_io(o, write, pos, bytes, at, e);
             s->state = write ? DIRTY : FREE;
             if (!write)
                 s->chunk = -1;
@@ -403,9 +407,10 @@ int offload_store(struct offload *o, int stream, const float *src)
         for (long c = 0; c < (long)o->nchunks && rc == 0; c++) {
             size_t len = chunk_len(o, c);
             off_t pos = chunk_pos(o, c) + (off_t)((size_t)stream * len * sizeof(float));
-            int e = move(o, true, (void *)(src + (size_t)c * o->chunk), len * sizeof(float), pos);
+            off_t at = pos;
+            int e = move(o, true, (void *)(src + (size_t)c * o->chunk), len * sizeof(float), &at);
             if (e != 0) {
-                fail_io(o, true, pos, e);
+                fail_io(o, true, pos, len * sizeof(float), at, e);
                 rc = -1;
             }
         }
@@ -437,9 +442,10 @@ int offload_load(struct offload *o, int stream, float *dst)
             continue;
         }
         off_t pos = chunk_pos(o, c) + (off_t)((size_t)stream * len * sizeof(float));
-        int e = move(o, false, out, len * sizeof(float), pos);
+        off_t at = pos;
+        int e = move(o, false, out, len * sizeof(float), &at);
         if (e != 0) {
-            fail_io(o, false, pos, e);
+            fail_io(o, false, pos, len * sizeof(float), at, e);
             rc = -1;
         }
     }
