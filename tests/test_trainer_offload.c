@@ -127,6 +127,13 @@ static void update(float **p, size_t off, size_t len, int nstreams, int pass)
     }
 }
 
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {0, ms * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
 /* update() on a chunk handed out and on the same elements of ref. */
 static void update_both(float **ptr, float **ref, size_t off, size_t len, int nstreams, int pass)
 {
@@ -205,8 +212,12 @@ Test(offload, passes_match_plain_arrays)
                 size_t nchunks = (n + chunk - 1) / chunk;
                 cr_assert_eq(st.chunks, 5 * nchunks);
                 uint64_t moved = kinds[ki] == OFFLOAD_NONE ? 0 : 5 * n * ns * sizeof(float);
-                cr_assert_eq(st.bytes_read, moved, "%s read %llu", kind_name(kinds[ki]),
-                             (unsigned long long)st.bytes_read);
+                /* Plus up to 4 chunks read ahead for a sixth pass. */
+                size_t warm = kinds[ki] == OFFLOAD_NONE ? 0
+                              : (n < 4 * chunk ? n : 4 * chunk) * ns * sizeof(float);
+                cr_assert(st.bytes_read >= moved && st.bytes_read <= moved + warm,
+                          "%s read %llu of %llu", kind_name(kinds[ki]),
+                          (unsigned long long)st.bytes_read, (unsigned long long)moved);
                 cr_assert_eq(st.bytes_written, moved);
                 if (kinds[ki] == OFFLOAD_NONE)
                     cr_assert_eq(st.resident_bytes, n * ns * sizeof(float));
@@ -241,17 +252,25 @@ Test(offload, store_load_round_trip_bitwise)
             cr_assert_eq(offload_store(o, k, ref[k]), 0, "%s", offload_error(o));
         cr_assert_eq(pass(o, ref, n, chunk, 2, 1), 0, "%s", offload_error(o));
         assert_state(o, ref, n, 2);
+        /* A store after a pass: the chunks read ahead for the next one
+         * (waited for here, so that they are surely there) are stale and
+         * must not be used. */
+        uint64_t read = offload_stats(o).bytes_read;
+        if (kinds[ki] != OFFLOAD_NONE)
+            for (int ms = 0; ms < 5000; ms++) {
+                if (offload_stats(o).bytes_read >= read + 4 * chunk * 2 * sizeof(float))
+                    break;
+                sleep_ms(1);
+            }
+        for (size_t i = 0; i < n; i++)
+            ref[1][i] = (float)(i % 7) * 0.25f;
+        cr_assert_eq(offload_store(o, 1, ref[1]), 0, "%s", offload_error(o));
+        cr_assert_eq(pass(o, ref, n, chunk, 2, 2), 0, "%s", offload_error(o));
+        assert_state(o, ref, n, 2);
         cr_assert_eq(offload_store(o, 2, ref[0]), -1, "stream 2 of 2 accepted");
         free_ref(ref);
         offload_destroy(o);
     }
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {0, ms * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
 }
 
 /* A slow caller finds its chunks already read, the reads reach at least 2

@@ -37,11 +37,12 @@ struct slot {
 
 /* One per rank, owned by its creator.  The fields above `lock` are set by
  * create and only read afterwards; the rest is shared with the worker and
- * changed under the lock.  The worker does I/O only inside an open pass
- * that has not failed, so store and load (outside a pass) and the worker
- * never move data at the same time.  Chunk c of the store (file or host
- * buffer) sits at byte c * chunk * nstreams * 4 and holds its streams one
- * after the other, so one pread moves all of them. */
+ * changed under the lock.  The worker writes only inside an open pass and
+ * reads only there or while warm, never after a failure; store first ends
+ * the warm reads, so the store is never written by two threads at once.
+ * Chunk c of the store (file or host buffer) sits at byte
+ * c * chunk * nstreams * 4 and holds its streams one after the other, so
+ * one pread moves all of them. */
 struct offload {
     enum offload_kind kind;
     int nstreams;
@@ -59,6 +60,7 @@ struct offload {
     struct slot slot[SLOTS];
     bool stop;    /* destroy: the worker exits */
     bool open;    /* a pass is between begin and next's 0 or -1 */
+    bool warm;    /* no pass: the next one's first chunks may be read */
     bool failed;  /* sticky after an I/O error; err says which */
     bool holding; /* the caller holds chunk `need` */
     long need;    /* the lowest chunk the caller has not finished */
@@ -179,7 +181,7 @@ static int misuse(struct offload *o, const char *what)
  * what still occupies it; then the oldest chunk left to write.  NULL: none. */
 static struct slot *pick(struct offload *o, bool *write)
 {
-    if (!o->open || o->failed)
+    if (!(o->open || o->warm) || o->failed)
         return NULL;
     long end = o->need + SLOTS < (long)o->nchunks ? o->need + SLOTS : (long)o->nchunks;
     for (long t = o->need; t < end; t++) {
@@ -189,7 +191,7 @@ static struct slot *pick(struct offload *o, bool *write)
         if (s->state == FREE) {
             s->state = READING;
             s->chunk = t;
-            if ((uint64_t)(t - o->need) > o->st.ahead_max)
+            if (o->holding && (uint64_t)(t - o->need) > o->st.ahead_max)
                 o->st.ahead_max = (uint64_t)(t - o->need);
             *write = false;
             return s;
@@ -341,6 +343,7 @@ struct offload *offload_create(const struct offload_spec *spec, int rank, size_t
     }
     o->st.resident_bytes = SLOTS * o->slot_bytes;
     o->st.stored_bytes = total;
+    o->warm = true;
     int rc = start_worker(o);
     if (rc != 0) {
         snprintf(err, errlen, "offload: cannot start the I/O thread: %s", strerror(rc));
@@ -380,6 +383,28 @@ void offload_destroy(struct offload *o)
     free(o);
 }
 
+static bool none_reading(const struct offload *o)
+{
+    for (int i = 0; i < SLOTS; i++)
+        if (o->slot[i].state == READING)
+            return false;
+    return true;
+}
+
+/* Before a store: the chunks read ahead for the next pass would be stale.
+ * The next pass then reads them itself. */
+static void drop_warm(struct offload *o)
+{
+    o->warm = false;
+    while (!o->failed && !none_reading(o))
+        pthread_cond_wait(&o->to_caller, &o->lock);
+    for (int i = 0; i < SLOTS; i++)
+        if (o->slot[i].state == READY) {
+            o->slot[i].state = FREE;
+            o->slot[i].chunk = -1;
+        }
+}
+
 /* Checks shared by store and load; the lock is held on return 0. */
 static int whole_stream(struct offload *o, int stream)
 {
@@ -404,6 +429,8 @@ int offload_store(struct offload *o, int stream, const float *src)
     } else if (o->kind == OFFLOAD_NONE) {
         memcpy(o->arrays[stream], src, o->n * sizeof(float));
     } else {
+        drop_warm(o);
+        rc = o->failed ? -1 : 0;
         for (long c = 0; c < (long)o->nchunks && rc == 0; c++) {
             size_t len = chunk_len(o, c);
             off_t pos = chunk_pos(o, c) + (off_t)((size_t)stream * len * sizeof(float));
@@ -463,6 +490,7 @@ int offload_begin(struct offload *o)
         rc = misuse(o, "offload_begin while a pass is open");
     if (rc == 0) {
         o->open = true;
+        o->warm = false;
         o->holding = false;
         o->need = 0;
         pthread_cond_signal(&o->to_worker);
@@ -521,6 +549,11 @@ int offload_next(struct offload *o, size_t *off, size_t *len, float **ptr)
             wait_for(o, all_written);
         rc = o->failed ? -1 : 0;
         o->open = false;
+        /* The next pass starts at chunk 0 too, and the caller has other
+         * work (the next forward and backward) to hide its first reads. */
+        o->need = 0;
+        o->warm = rc == 0;
+        pthread_cond_signal(&o->to_worker);
         goto out;
     }
     *off = (size_t)o->need * o->chunk;

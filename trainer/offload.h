@@ -73,8 +73,10 @@ int offload_load(struct offload *o, int stream, float *dst);
  * offload_next returns 1 with a chunk, 0 once every chunk is written back
  * (it waits for the last writes), -1 on an error.  Reads run ahead of the
  * caller (up to 3 chunks) and writes behind it, on the worker thread; the
- * caller waits only for data that is not there yet.  A disk is never
- * synced: the file is scratch, valid only while the offload lives.
+ * caller waits only for data that is not there yet.  Between passes the
+ * worker already reads the next pass's first chunks (a store drops them).
+ * A disk is never synced: the file is scratch, valid only while the
+ * offload lives.
  *
  * After an error the pass is over and the offload is failed: begin, next
  * and store return -1 with the first error's text (the file and the errno
@@ -94,15 +96,16 @@ int offload_next(struct offload *o, size_t *off, size_t *len, float **ptr);
 const char *offload_error(const struct offload *o);
 
 /* Counts over all passes (store and load are not counted: they are
- * one-off and synchronous).  io_s - wait_s is the I/O time hidden behind
- * the caller's updates. */
+ * one-off and synchronous); bytes_read includes the next pass's first
+ * chunks once they are read.  io_s - wait_s is the I/O time hidden behind
+ * the caller's work. */
 struct offload_stats {
     uint64_t bytes_read, bytes_written;
     double io_s;            /* worker's time in pread/pwrite (memcpy for CPU) */
     double wait_s;          /* caller's time blocked in offload_next (reads, last writes) */
     uint64_t chunks;        /* chunks handed to the caller */
     uint64_t chunks_ready;  /* of those, already read when asked for */
-    uint64_t ahead_max;     /* chunks: the furthest read issued ahead of the caller's */
+    uint64_t ahead_max;     /* chunks: the furthest read issued ahead of the one held */
     size_t resident_bytes;  /* chunk buffers (the arrays for NONE) */
     size_t stored_bytes;    /* kept out of memory or in the host buffer (0 for NONE) */
 };
