@@ -37,11 +37,12 @@ struct slot {
 
 /* One per rank, owned by its creator.  The fields above `lock` are set by
  * create and only read afterwards; the rest is shared with the worker and
- * changed under the lock.  The worker does I/O only inside an open pass
- * that has not failed, so store and load (outside a pass) and the worker
- * never move data at the same time.  Chunk c of the store (file or host
- * buffer) sits at byte c * chunk * nstreams * 4 and holds its streams one
- * after the other, so one pread moves all of them. */
+ * changed under the lock.  The worker writes only inside an open pass and
+ * reads only there or while warm, never after a failure; store first ends
+ * the warm reads, so the store is never written by two threads at once.
+ * Chunk c of the store (file or host buffer) sits at byte
+ * c * chunk * nstreams * 4 and holds its streams one after the other, so
+ * one pread moves all of them. */
 struct offload {
     enum offload_kind kind;
     int nstreams;
@@ -59,6 +60,7 @@ struct offload {
     struct slot slot[SLOTS];
     bool stop;    /* destroy: the worker exits */
     bool open;    /* a pass is between begin and next's 0 or -1 */
+    bool warm;    /* no pass: the next one's first chunks may be read */
     bool failed;  /* sticky after an I/O error; err says which */
     bool holding; /* the caller holds chunk `need` */
     long need;    /* the lowest chunk the caller has not finished */
@@ -124,19 +126,21 @@ static off_t chunk_pos(const struct offload *o, long c)
  * on a read) is an error of its own, reported as -1 instead of an errno. */
 #define SHORT_IO (-1)
 
-/* Moves bytes between buf and the store at pos: 0, an errno or SHORT_IO. */
-static int move(struct offload *o, bool write, void *buf, size_t bytes, off_t pos)
+/* Moves bytes between buf and the store at *pos: 0, an errno or SHORT_IO,
+ * with *pos where it stopped. */
+static int move(struct offload *o, bool write, void *buf, size_t bytes, off_t *pos)
 {
     if (o->kind == OFFLOAD_CPU) {
         if (write)
-            memcpy(o->host + pos, buf, bytes);
+            memcpy(o->host + *pos, buf, bytes);
         else
-            memcpy(buf, o->host + pos, bytes);
+            memcpy(buf, o->host + *pos, bytes);
+        *pos += (off_t)bytes;
         return 0;
     }
     char *p = buf;
     while (bytes > 0) {
-        ssize_t r = write ? pwrite(o->fd, p, bytes, pos) : pread(o->fd, p, bytes, pos);
+        ssize_t r = write ? pwrite(o->fd, p, bytes, *pos) : pread(o->fd, p, bytes, *pos);
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0)
@@ -145,22 +149,23 @@ static int move(struct offload *o, bool write, void *buf, size_t bytes, off_t po
             return SHORT_IO;
         p += r;
         bytes -= (size_t)r;
-        pos += r;
+        *pos += r;
     }
     return 0;
 }
 
 /* Under the lock (or with no pass open): the first error wins, later ones
  * are its consequences. */
-static void fail_io(struct offload *o, bool write, off_t pos, int e)
+static void fail_io(struct offload *o, bool write, off_t from, size_t bytes, off_t at, int e)
 {
     if (o->failed)
         return;
     o->failed = true;
     const char *what = e == SHORT_IO ? (write ? "no bytes written" : "unexpected end of file")
                                      : strerror(e);
-    snprintf(o->err, sizeof(o->err), "offload: %s %s at byte %lld: %s",
-             write ? "write to" : "read from", o->path, (long long)pos, what);
+    snprintf(o->err, sizeof(o->err), "offload: %s %s at byte %lld (of %zu from %lld): %s",
+             write ? "write to" : "read from", o->path, (long long)at, bytes, (long long)from,
+             what);
 }
 
 /* A caller mistake: reported, but the state is intact, so not sticky. */
@@ -176,7 +181,7 @@ static int misuse(struct offload *o, const char *what)
  * what still occupies it; then the oldest chunk left to write.  NULL: none. */
 static struct slot *pick(struct offload *o, bool *write)
 {
-    if (!o->open || o->failed)
+    if (!(o->open || o->warm) || o->failed)
         return NULL;
     long end = o->need + SLOTS < (long)o->nchunks ? o->need + SLOTS : (long)o->nchunks;
     for (long t = o->need; t < end; t++) {
@@ -186,7 +191,7 @@ static struct slot *pick(struct offload *o, bool *write)
         if (s->state == FREE) {
             s->state = READING;
             s->chunk = t;
-            if ((uint64_t)(t - o->need) > o->st.ahead_max)
+            if (o->holding && (uint64_t)(t - o->need) > o->st.ahead_max)
                 o->st.ahead_max = (uint64_t)(t - o->need);
             *write = false;
             return s;
@@ -224,12 +229,13 @@ static void *worker_main(void *arg)
         off_t pos = chunk_pos(o, s->chunk);
         pthread_mutex_unlock(&o->lock);
         double t0 = now();
-        int e = move(o, write, s->buf, bytes, pos);
+        off_t at = pos;
+        int e = move(o, write, s->buf, bytes, &at);
         double dt = now() - t0;
         pthread_mutex_lock(&o->lock);
         o->st.io_s += dt;
         if (e != 0) {
-            fail_io(o, write, pos, e);
+            fail_io(o, write, pos, bytes, at, e);
             s->state = write ? DIRTY : FREE;
             if (!write)
                 s->chunk = -1;
@@ -337,6 +343,7 @@ struct offload *offload_create(const struct offload_spec *spec, int rank, size_t
     }
     o->st.resident_bytes = SLOTS * o->slot_bytes;
     o->st.stored_bytes = total;
+    o->warm = true;
     int rc = start_worker(o);
     if (rc != 0) {
         snprintf(err, errlen, "offload: cannot start the I/O thread: %s", strerror(rc));
@@ -376,6 +383,28 @@ void offload_destroy(struct offload *o)
     free(o);
 }
 
+static bool none_reading(const struct offload *o)
+{
+    for (int i = 0; i < SLOTS; i++)
+        if (o->slot[i].state == READING)
+            return false;
+    return true;
+}
+
+/* Before a store: the chunks read ahead for the next pass would be stale.
+ * The next pass then reads them itself. */
+static void drop_warm(struct offload *o)
+{
+    o->warm = false;
+    while (!o->failed && !none_reading(o))
+        pthread_cond_wait(&o->to_caller, &o->lock);
+    for (int i = 0; i < SLOTS; i++)
+        if (o->slot[i].state == READY) {
+            o->slot[i].state = FREE;
+            o->slot[i].chunk = -1;
+        }
+}
+
 /* Checks shared by store and load; the lock is held on return 0. */
 static int whole_stream(struct offload *o, int stream)
 {
@@ -400,12 +429,15 @@ int offload_store(struct offload *o, int stream, const float *src)
     } else if (o->kind == OFFLOAD_NONE) {
         memcpy(o->arrays[stream], src, o->n * sizeof(float));
     } else {
+        drop_warm(o);
+        rc = o->failed ? -1 : 0;
         for (long c = 0; c < (long)o->nchunks && rc == 0; c++) {
             size_t len = chunk_len(o, c);
             off_t pos = chunk_pos(o, c) + (off_t)((size_t)stream * len * sizeof(float));
-            int e = move(o, true, (void *)(src + (size_t)c * o->chunk), len * sizeof(float), pos);
+            off_t at = pos;
+            int e = move(o, true, (void *)(src + (size_t)c * o->chunk), len * sizeof(float), &at);
             if (e != 0) {
-                fail_io(o, true, pos, e);
+                fail_io(o, true, pos, len * sizeof(float), at, e);
                 rc = -1;
             }
         }
@@ -437,9 +469,10 @@ int offload_load(struct offload *o, int stream, float *dst)
             continue;
         }
         off_t pos = chunk_pos(o, c) + (off_t)((size_t)stream * len * sizeof(float));
-        int e = move(o, false, out, len * sizeof(float), pos);
+        off_t at = pos;
+        int e = move(o, false, out, len * sizeof(float), &at);
         if (e != 0) {
-            fail_io(o, false, pos, e);
+            fail_io(o, false, pos, len * sizeof(float), at, e);
             rc = -1;
         }
     }
@@ -457,6 +490,7 @@ int offload_begin(struct offload *o)
         rc = misuse(o, "offload_begin while a pass is open");
     if (rc == 0) {
         o->open = true;
+        o->warm = false;
         o->holding = false;
         o->need = 0;
         pthread_cond_signal(&o->to_worker);
@@ -515,6 +549,11 @@ int offload_next(struct offload *o, size_t *off, size_t *len, float **ptr)
             wait_for(o, all_written);
         rc = o->failed ? -1 : 0;
         o->open = false;
+        /* The next pass starts at chunk 0 too, and the caller has other
+         * work (the next forward and backward) to hide its first reads. */
+        o->need = 0;
+        o->warm = rc == 0;
+        pthread_cond_signal(&o->to_worker);
         goto out;
     }
     *off = (size_t)o->need * o->chunk;

@@ -33,6 +33,8 @@ struct offload_spec {
  * 0, or -1 with err saying what is wrong and what is expected. */
 int offload_parse(const char *text, struct offload_spec *spec, char *err, size_t errlen);
 
+/* One thread at a time calls an offload's functions (the worker thread is
+ * internal). */
 struct offload;
 
 /* nstreams (1..OFFLOAD_MAX_STREAMS) arrays of n floats each, all zero at
@@ -71,8 +73,10 @@ int offload_load(struct offload *o, int stream, float *dst);
  * offload_next returns 1 with a chunk, 0 once every chunk is written back
  * (it waits for the last writes), -1 on an error.  Reads run ahead of the
  * caller (up to 3 chunks) and writes behind it, on the worker thread; the
- * caller waits only for data that is not there yet.  A disk is never
- * synced: the file is scratch, valid only while the offload lives.
+ * caller waits only for data that is not there yet.  Between passes the
+ * worker already reads the next pass's first chunks (a store drops them).
+ * A disk is never synced: the file is scratch, valid only while the
+ * offload lives.
  *
  * After an error the pass is over and the offload is failed: begin, next
  * and store return -1 with the first error's text (the file and the errno
@@ -85,19 +89,23 @@ int offload_load(struct offload *o, int stream, float *dst);
  * file can be read. */
 int offload_begin(struct offload *o);
 int offload_next(struct offload *o, size_t *off, size_t *len, float **ptr);
-/* The first error's text; "" while there is none. */
+/* Why the last call failed: once the offload has failed, the first I/O
+ * error's text for good; before, the last refused call's (next without
+ * begin, begin or load inside a pass: refused, but nothing is lost and
+ * the offload goes on working).  "" if nothing failed yet. */
 const char *offload_error(const struct offload *o);
 
 /* Counts over all passes (store and load are not counted: they are
- * one-off and synchronous).  io_s - wait_s is the I/O time hidden behind
- * the caller's updates. */
+ * one-off and synchronous); bytes_read includes the next pass's first
+ * chunks once they are read.  io_s - wait_s is the I/O time hidden behind
+ * the caller's work. */
 struct offload_stats {
     uint64_t bytes_read, bytes_written;
     double io_s;            /* worker's time in pread/pwrite (memcpy for CPU) */
-    double wait_s;          /* caller's time blocked in offload_next */
+    double wait_s;          /* caller's time blocked in offload_next (reads, last writes) */
     uint64_t chunks;        /* chunks handed to the caller */
     uint64_t chunks_ready;  /* of those, already read when asked for */
-    uint64_t ahead_max;     /* chunks: the furthest read issued ahead of the caller's */
+    uint64_t ahead_max;     /* chunks: the furthest read issued ahead of the one held */
     size_t resident_bytes;  /* chunk buffers (the arrays for NONE) */
     size_t stored_bytes;    /* kept out of memory or in the host buffer (0 for NONE) */
 };
