@@ -30,7 +30,10 @@
 
 #define NSCRATCH 3 /* zero 2/3: unit-sized gradient buffers in flight */
 #define NSLOT 2    /* zero 3: gathered units besides the kept one */
-#define OFFLOAD_CHUNK (256 * 1024) /* floats per offload chunk: 1 MiB */
+/* Floats per offload chunk: a sixteenth of the moments, within 4 KiB..1 MiB,
+ * so the four chunk buffers stay a quarter of what they stand for. */
+#define OFFLOAD_CHUNK_MIN 1024
+#define OFFLOAD_CHUNK_MAX (256 * 1024)
 
 /* A unit-sized gradient buffer whose ReduceScatter may be in flight. */
 struct scratch {
@@ -458,8 +461,10 @@ struct par *par_create(const struct par_config *cfg, const struct model *model)
     if (!p->params || !p->grads)
         goto oom;
     char err[512];
-    p->off = offload_create(&cfg->offload, cfg->world_rank, moments, 2, OFFLOAD_CHUNK, err,
-                            sizeof(err));
+    size_t chunk = moments / 16;
+    chunk = chunk < OFFLOAD_CHUNK_MIN ? OFFLOAD_CHUNK_MIN
+                                      : chunk > OFFLOAD_CHUNK_MAX ? OFFLOAD_CHUNK_MAX : chunk;
+    p->off = offload_create(&cfg->offload, cfg->world_rank, moments, 2, chunk, err, sizeof(err));
     if (p->off == NULL) {
         fprintf(stderr, "trainer: %s\n", err);
         goto fail;
