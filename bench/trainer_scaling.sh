@@ -28,15 +28,17 @@ row() { # label ranks args...
         END {printf "%.0f %.1f %.1f %.1f", t / k, c / k, w / k, b / k}' "$tmp/l.csv")
     set -- $line
     [ -n "$serial" ] || serial=$1
-    local bub formula
-    bub=$(sed -n 's/.*bubble \([0-9.]*\)% measured, \([0-9.]*\)% by.*/\1/p' "$tmp/out")
-    formula=$(sed -n 's/.*bubble \([0-9.]*\)% measured, \([0-9.]*\)% by.*/\2/p' "$tmp/out")
-    printf "%-26s %9s %11s %11s %10s %8.0f%% %7.2fx %8s%% %8s%%\n" "$label" "$1" "$2" "$3" "$4" \
-        "$(echo "100 * ($3 + $4) / ($2 + $3 + $4)" | bc -l)" "$(echo "$1 / $serial" | bc -l)" \
-        "$bub" "$formula"
+    # The summary line: bubble measured, (p-1)/(m+p-1), and the schedule's
+    # prediction from the stages' own compute times.
+    local bub
+    bub=$(sed -n 's/.*bubble \([0-9.]*\)% measured, \([0-9.]*\)% by.*, \([0-9.]*\)% from.*/\1 \2 \3/p' "$tmp/out")
+    set -- $line $bub
+    printf "%-26s %9s %11s %11s %10s %8.0f%% %7.2fx %8s%% %8s%% %8s%%\n" "$label" "$1" "$2" "$3" \
+        "$4" "$(echo "100 * ($3 + $4) / ($2 + $3 + $4)" | bc -l)" "$(echo "$1 / $serial" | bc -l)" \
+        "$5" "$6" "$7"
 }
-printf '%-26s %9s %11s %11s %10s %9s %8s %9s %9s\n' "run" "tokens/s" "compute ms" "comm ms" \
-    "bubble ms" "waiting" "speed-up" "bubble" "formula"
+printf '%-26s %9s %11s %11s %10s %9s %8s %9s %9s %9s\n' "run" "tokens/s" "compute ms" "comm ms" \
+    "bubble ms" "waiting" "speed-up" "bubble" "formula" "stages"
 want=${ROWS:-all}
 has() { [ "$want" = all ] || [[ " $want " == *" $1 "* ]]; }
 has serial && row "serial (accum 8)" 1 --accum 8
