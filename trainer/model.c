@@ -886,8 +886,7 @@ float model_forward_slot(struct model *m, int slot, const float *params,
     m->failed = false;
     memcpy(sl->tokens, tokens, N);
     memcpy(sl->targets, targets, N);
-    int B0 = B;
-    sl->B = B, sl->T = T;
+    sl->B = B, sl->T = T; /* the passes read the shape from the slot */
 
     if (model_first(m)) {
         const float *wte = get_params(m, params, hooks, m->u_wte);
@@ -914,7 +913,6 @@ float model_forward_slot(struct model *m, int slot, const float *params,
         sl->B = 0;
         return NAN;
     }
-    sl->B = B0;
     return (float)loss;
 }
 

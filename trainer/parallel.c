@@ -568,20 +568,17 @@ static bool moments_whole(const struct par *p)
     return p->zero == 0;
 }
 
-/* Copies between an unpadded local-layout array and the moments' layout
- * (to_moments) for every unit. */
-static void moments_map(const struct par *p, const float *flat, float *mom, float *flat_out,
-                        const float *mom_in)
+/* An unpadded local-layout array into the moments' layout (whole or this
+ * rank's shard). */
+static void to_moments(const struct par *p, const float *flat, float *mom)
 {
     for (int u = 0; u < p->nunits; u++) {
         size_t off = p->lay->unit_off[u];
-        size_t lo = moments_whole(p) ? 0 : (size_t)p->rank * p->s[u];
-        size_t len = moments_whole(p) ? unit_len(p, u) : owned_len(p, u, p->rank);
-        size_t at = moments_whole(p) ? p->poff[u] : p->soff[u];
-        if (mom)
-            memcpy(mom + at, flat + off + lo, len * sizeof(float));
+        if (moments_whole(p))
+            memcpy(mom + p->poff[u], flat + off, unit_len(p, u) * sizeof(float));
         else
-            memcpy(flat_out + off + lo, mom_in + at, len * sizeof(float));
+            memcpy(mom + p->soff[u], flat + off + (size_t)p->rank * p->s[u],
+                   owned_len(p, u, p->rank) * sizeof(float));
     }
 }
 
@@ -605,7 +602,7 @@ int par_import(struct par *p, const float *params, const float *m, const float *
             fprintf(stderr, "trainer: out of memory for the optimizer state\n");
             return -1;
         }
-        moments_map(p, src[k], tmp, NULL, NULL);
+        to_moments(p, src[k], tmp);
         if (offload_store(p->off, k, tmp) != 0) {
             fprintf(stderr, "trainer: %s\n", offload_error(p->off));
             free(tmp);
@@ -618,51 +615,43 @@ int par_import(struct par *p, const float *params, const float *m, const float *
     return 0;
 }
 
-weft_status_t par_export(struct par *p, int which, float *out)
+/* Every unit of buf (whole: padded layout; else this rank's shards,
+ * gathered into tmp) into out's unpadded layout. */
+static weft_status_t export_units(struct par *p, float *buf, bool whole, float *out, float *tmp)
 {
-    if (which > 0) { /* moments: whole or shard, through the offload */
-        size_t nm = moments_whole(p) ? p->P : p->S;
-        float *mom = zalloc(nm);
-        float *tmp = moments_whole(p) ? NULL : malloc((size_t)p->n * p->smax * sizeof(float));
-        weft_status_t st = WEFT_OK;
-        if (mom == NULL || (!moments_whole(p) && tmp == NULL))
-            st = WEFT_ERR_NO_MEMORY;
-        else if (offload_load(p->off, which - 1, mom) != 0) {
-            fail(p, WEFT_ERR_SYSTEM, "optimizer state", offload_error(p->off));
-            st = WEFT_ERR_SYSTEM;
-        }
-        for (int u = 0; u < p->nunits && st == WEFT_OK; u++) {
-            const float *full = mom + p->poff[u];
-            if (!moments_whole(p)) {
-                double t0 = now_s();
-                st = weft_allgather(mom + p->soff[u], tmp, p->s[u], WEFT_FLOAT32, p->comm);
-                p->wait_s += now_s() - t0;
-                full = tmp;
-            }
-            if (out)
-                memcpy(out + p->lay->unit_off[u], full, unit_len(p, u) * sizeof(float));
-        }
-        free(mom);
-        free(tmp);
-        return st;
-    }
-    bool whole = p->zero < 3;
-    float *tmp = whole ? NULL : malloc((size_t)p->n * p->smax * sizeof(float));
-    if (!whole && tmp == NULL)
-        return WEFT_ERR_NO_MEMORY;
     weft_status_t st = WEFT_OK;
     for (int u = 0; u < p->nunits && st == WEFT_OK; u++) {
-        const float *full = p->params + p->poff[u];
+        const float *full = buf + p->poff[u];
         if (!whole) {
             double t0 = now_s();
-            st = weft_allgather(owned(p, p->params, false, u), tmp, p->s[u], WEFT_FLOAT32,
-                                p->comm);
+            st = weft_allgather(buf + p->soff[u], tmp, p->s[u], WEFT_FLOAT32, p->comm);
             p->wait_s += now_s() - t0;
             full = tmp;
         }
         if (out)
             memcpy(out + p->lay->unit_off[u], full, unit_len(p, u) * sizeof(float));
     }
+    return st;
+}
+
+weft_status_t par_export(struct par *p, int which, float *out)
+{
+    float *tmp = malloc((size_t)p->n * p->smax * sizeof(float));
+    float *mom = which > 0 ? zalloc(moments_whole(p) ? p->P : p->S) : NULL;
+    weft_status_t st = WEFT_ERR_NO_MEMORY;
+    if (tmp && which == 0)
+        st = export_units(p, p->params, p->zero < 3, out, tmp);
+    else if (tmp && mom) {
+        /* A failed load still takes part in the gathers (with zeros), so
+         * the other ranks learn of it from the result, not a hang. */
+        bool loaded = offload_load(p->off, which - 1, mom) == 0;
+        if (!loaded)
+            fail(p, WEFT_ERR_SYSTEM, "optimizer state", offload_error(p->off));
+        st = export_units(p, mom, moments_whole(p), out, tmp);
+        if (!loaded)
+            st = WEFT_ERR_SYSTEM;
+    }
+    free(mom);
     free(tmp);
     return st;
 }
