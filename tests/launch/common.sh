@@ -100,7 +100,7 @@ case_check() {
         ;;
     train)
         [ "$rc" = 0 ] || { echo "exit status $rc"; return 1; }
-        grep -q ", $n rank(s)," "$log" || { echo "the trainer did not see $n ranks"; return 1; }
+        grep -Eq ", $n rank\(s\)[,:]" "$log" || { echo "the trainer did not see $n ranks"; return 1; }
         grep -qE "^step +$TRAIN_STEPS/$TRAIN_STEPS " "$log" || { echo "no last step"; return 1; }
         grep -q "^validation loss" "$log" || { echo "no validation loss"; return 1; }
         ;;
