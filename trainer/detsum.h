@@ -20,38 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tacc.h"
 #include "weft.h"
-
-/* ---- local accumulator ------------------------------------------------------ */
-
-/*
- * Sums a stream of equal-length float vectors, pushed in item order, in the
- * canonical tree, holding floor(log2(max_items)) + 2 vectors: a binary
- * counter whose partial sums merge while their sizes are equal, and at
- * finish from the smallest up (7 items: S0123 + (S45 + m6)).
- */
-struct tacc;
-
-/* n floats per item, at most max_items (>= 1) items between resets.  NULL
- * when out of memory or max_items < 1. */
-struct tacc *tacc_create(size_t n, int max_items);
-void tacc_destroy(struct tacc *a); /* NULL ok */
-/* Forgets every item pushed. */
-void tacc_reset(struct tacc *a);
-/* Where the caller writes the next item: n floats of undefined contents,
- * owned by a, valid until the next tacc_commit or tacc_reset.  The same
- * buffer until commit.  NULL once max_items items were pushed. */
-float *tacc_slot(struct tacc *a);
-/* Pushes the slot's contents as the next item. */
-void tacc_commit(struct tacc *a);
-/* Items pushed since the last reset. */
-int tacc_items(const struct tacc *a);
-/* The canonical sum of the items pushed (n floats owned by a, valid until
- * the next reset); *items (may be NULL) gets their count.  NULL when no
- * item was pushed.  Reset before pushing again. */
-const float *tacc_finish(struct tacc *a, size_t *items);
-/* dst[i] += src[i], i < n: the float add of every tree here. */
-void tacc_add_into(float *dst, const float *src, size_t n);
 
 /* ---- across ranks -------------------------------------------------------------- */
 

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "tacc.h"
 
 /* How a tensor is cut across tensor-parallel ranks. */
 enum cut { CUT_NONE, CUT_ROWS, CUT_ROWS3, CUT_COLS };
@@ -71,16 +72,6 @@ struct slot {
     int B, T;                 /* B == 0: no complete forward */
 };
 
-/* A pairwise-tree sum of equal vectors pushed in order, on a stack of
- * partial sums (a binary counter): items 2k and 2k+1 meet first, then
- * pairs of pairs, and what is left at the end meets smallest first. */
-struct tree {
-    float *buf[8];
-    int size[8]; /* items in each stacked partial sum */
-    int top;     /* stacked sums */
-    size_t n;
-};
-
 /*
  * Owner: the trainer (model_create / model_destroy).  Invariants:
  *  - layout is fixed at create; local units are WTE, WPE (first stage),
@@ -111,7 +102,7 @@ struct model {
     float *wt;      /* transposed weights for the forward matmuls */
     float *mx;      /* (N) row maxima */
     double *ce;     /* (2N) softmax sums and target logits */
-    struct tree tree;
+    struct tacc *tree; /* the canonical chunk sums, (N, C) items */
     float *scratch; /* everything above, one block */
     size_t scratch_floats;
     double *dscratch; /* kernel reductions */
@@ -428,21 +419,17 @@ struct model *model_create_part(const struct model_config *cfg, const struct mod
     m->slot_floats = total;
 
     /* Shared scratch, in carving order. */
-    int levels = 1;
-    for (int k = m->NHl > MODEL_VCHUNKS / tp ? m->NHl : MODEL_VCHUNKS / tp; k > 1; k = (k + 1) / 2)
-        levels++;
     size_t rest[] = {
         NC, NC, mul(N, 4 * Cl, &bad), /* dres, dtmp, dbig */
         mul(N, Vl, &bad), Vl * C,     /* dlogits, dwte */
         max_sz(max_sz(4 * Cl * C, Vl * C), 3 * Cl * C), /* wt */
         N,                            /* mx */
-        mul(NC, (size_t)levels + 1, &bad), /* tree */
     };
     size_t sc = 0;
     for (size_t k = 0; k < sizeof rest / sizeof rest[0]; k++)
         sc = add(sc, rest[k], &bad);
     if (bad || total > SIZE_MAX / sizeof(float) / (size_t)pt->slots ||
-        sc > SIZE_MAX / sizeof(float) || levels > 7) {
+        sc > SIZE_MAX / sizeof(float)) {
         fprintf(stderr, "model_create: sizes overflow\n");
         goto fail;
     }
@@ -452,17 +439,15 @@ struct model *model_create_part(const struct model_config *cfg, const struct mod
     m->dscratch = malloc(m->dscratch_len * sizeof(double));
     m->ce = malloc(2 * N * sizeof(double));
     m->slots = calloc((size_t)pt->slots, sizeof(*m->slots));
-    if (!m->scratch || !m->dscratch || !m->ce || !m->slots)
+    m->tree = tacc_create(NC, m->NHl > MODEL_VCHUNKS / tp ? m->NHl : MODEL_VCHUNKS / tp);
+    if (!m->scratch || !m->dscratch || !m->ce || !m->slots || !m->tree)
         goto fail_nomem;
     float *p = m->scratch;
-    float **dst[] = {&m->dres, &m->dtmp, &m->dbig, &m->dlogits, &m->dwte, &m->wt, &m->mx,
-                     &m->tree.buf[0]};
+    float **dst[] = {&m->dres, &m->dtmp, &m->dbig, &m->dlogits, &m->dwte, &m->wt, &m->mx};
     for (size_t k = 0; k < sizeof rest / sizeof rest[0]; k++) {
         *dst[k] = p;
         p += rest[k];
     }
-    for (int k = 1; k <= levels; k++)
-        m->tree.buf[k] = m->tree.buf[0] + (size_t)k * NC;
     for (int s = 0; s < pt->slots; s++) {
         struct slot *sl = &m->slots[s];
         sl->acts = alloc_floats(total);
@@ -505,6 +490,7 @@ void model_destroy(struct model *m)
         free(m->slots[s].targets);
     }
     free(m->slots);
+    tacc_destroy(m->tree);
     free(m->ce);
     free(m->dscratch);
     free(m->scratch);
@@ -639,36 +625,6 @@ void model_init_params(const struct model *m, float *params, uint64_t seed)
 
 /* ---- canonical sums ------------------------------------------------------- */
 
-static void tree_reset(struct tree *t, size_t n)
-{
-    t->top = 0;
-    t->n = n;
-}
-
-/* Where the caller writes the next item. */
-static float *tree_slot(struct tree *t)
-{
-    return t->buf[t->top];
-}
-
-static void tree_commit(struct tree *t)
-{
-    int size = 1;
-    while (t->top > 0 && t->size[t->top - 1] == size) {
-        kern_add(t->buf[t->top - 1], t->buf[t->top - 1], t->buf[t->top], t->n);
-        t->top--;
-        size *= 2;
-    }
-    t->size[t->top++] = size;
-}
-
-static float *tree_finish(struct tree *t)
-{
-    for (; t->top > 1; t->top--)
-        kern_add(t->buf[t->top - 2], t->buf[t->top - 2], t->buf[t->top - 1], t->n);
-    return t->buf[0];
-}
-
 /* The tensor-parallel reduction of what this rank's chunks summed to. */
 static int tp_reduce(struct model *m, const struct model_hooks *h, void *buf, size_t n, bool dbl,
                      int op)
@@ -693,13 +649,13 @@ static void rowpar_forward(struct model *m, const struct model_hooks *h, float *
 {
     int cw = I / chunks;
     kern_transpose(m->wt, w, O, I);
-    tree_reset(&m->tree, N * (size_t)O);
+    tacc_reset_len(m->tree, N * (size_t)O);
     for (int j = 0; j < chunks; j++) {
-        kern_gemm(tree_slot(&m->tree), (size_t)O, inp + (size_t)j * cw, (size_t)I, 1,
+        kern_gemm(tacc_slot(m->tree), (size_t)O, inp + (size_t)j * cw, (size_t)I, 1,
                   m->wt + (size_t)j * cw * O, (size_t)O, N, (size_t)cw, (size_t)O, NULL, 0);
-        tree_commit(&m->tree);
+        tacc_commit(m->tree);
     }
-    float *s = tree_finish(&m->tree);
+    float *s = tacc_finish(m->tree, NULL);
     tp_reduce(m, h, s, N * (size_t)O, false, 0);
     for (size_t n = 0; n < N; n++)
         kern_add(out + n * O, s + n * O, bias, (size_t)O);
@@ -713,17 +669,17 @@ static float *colpar_dinput(struct model *m, const struct model_hooks *h, const 
                             const float *w, size_t N, int I, int O, int chunks, int nb)
 {
     int rows = O / nb / chunks;
-    tree_reset(&m->tree, N * (size_t)I);
+    tacc_reset_len(m->tree, N * (size_t)I);
     for (int j = 0; j < chunks; j++) {
-        float *c = tree_slot(&m->tree);
+        float *c = tacc_slot(m->tree);
         for (int b = 0; b < nb; b++) {
             size_t r0 = (size_t)b * (O / nb) + (size_t)j * rows;
             kern_gemm(c, (size_t)I, dout + r0, (size_t)O, 1, w + r0 * I, (size_t)I, N,
                       (size_t)rows, (size_t)I, NULL, b > 0);
         }
-        tree_commit(&m->tree);
+        tacc_commit(m->tree);
     }
-    float *s = tree_finish(&m->tree);
+    float *s = tacc_finish(m->tree, NULL);
     tp_reduce(m, h, s, N * (size_t)I, false, 0);
     return s;
 }

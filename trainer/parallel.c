@@ -781,15 +781,11 @@ static weft_status_t grad_norm(struct par *p, float scale, float *norm)
     for (int u = 0; u < p->nunits; u++) {
         struct model_span sp[16];
         int ns = model_norm_spans(p->model, u, sp);
+        /* Our slice of the unit, also where every rank holds it whole. */
         size_t glen;
         const float *g = opt_grads(p, u, &glen);
-        size_t lo = p->zero == 0 ? 0 : (size_t)p->rank * p->s[u];
-        size_t hi = lo + (p->zero == 0 ? unit_len(p, u) : owned_len(p, u, p->rank));
-        if (p->zero == 0 && p->n > 1) { /* whole on every rank: count our slice */
-            lo = (size_t)p->rank * p->s[u];
-            hi = lo + owned_len(p, u, p->rank);
-        }
-        size_t base = p->zero == 0 ? 0 : (size_t)p->rank * p->s[u];
+        size_t lo = (size_t)p->rank * p->s[u], hi = lo + owned_len(p, u, p->rank);
+        size_t base = p->zero == 0 ? 0 : lo; /* the unit offset where g starts */
         for (int k = 0; k < ns; k++) {
             size_t a = sp[k].off > lo ? sp[k].off : lo;
             size_t b = sp[k].off + sp[k].len < hi ? sp[k].off + sp[k].len : hi;
