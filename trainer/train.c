@@ -24,6 +24,7 @@
 #include "model.h"
 #include "offload.h"
 #include "parallel.h"
+#include "pipeline.h"
 #include "weft.h"
 
 #define MAX_STAGES 64
@@ -38,12 +39,6 @@ struct opts {
     double bucket_mb, val_fraction;
 };
 
-/* Per-step time split of this rank. */
-struct clock {
-    double compute;         /* in passes, less their waits on weft */
-    int live, peak;         /* micro-batches whose activations are held */
-};
-
 /* What one run needs besides the options. */
 struct run {
     struct opts o;
@@ -55,10 +50,9 @@ struct run {
     struct dataset data;
     struct model *model;
     struct par *par;
+    struct pipe_config pc;
+    struct pipe *pipe;
     uint8_t *tok, *tgt;
-    weft_request_t *act_req; /* per slot: its output's send */
-    weft_request_t grad_req, dwte_req;
-    struct clock clk;
     FILE *log;
 };
 
@@ -341,192 +335,23 @@ static float lr_at(const struct opts *o, long step)
     return (float)(lo + 0.5 * (o->lr - lo) * (1 + cos(M_PI * (t > 1 ? 1 : t))));
 }
 
-/* ---- the pipeline ---------------------------------------------------------- */
+/* Micro-batch j of this step on this rank's cell. */
+struct draw_ctx {
+    struct run *r;
+    long step;
+};
 
-static bool first_stage(const struct run *r)
+static void draw(void *ctx, int j, uint8_t *tok, uint8_t *tgt)
 {
-    return r->ppi == 0;
+    struct draw_ctx *d = ctx;
+    struct run *r = d->r;
+    data_train_batch(&r->data, r->o.seed, (uint64_t)d->step, j * r->o.dp + r->dpi, r->global,
+                     r->o.B, r->o.T, tok, tgt);
 }
 
 static bool last_stage(const struct run *r)
 {
     return r->ppi == r->o.pp - 1;
-}
-
-static int wait_send(struct run *r, weft_request_t *req)
-{
-    if (*req == NULL)
-        return 0;
-    weft_status_t st = weft_wait(*req);
-    *req = NULL;
-    if (st != WEFT_OK) {
-        fprintf(stderr, "weft-train: rank %d: pipeline send: %s\n", r->rank,
-                weft_last_error(r->ppc));
-        return -1;
-    }
-    return 0;
-}
-
-static int precv(struct run *r, void *buf, size_t floats, int peer, const char *what)
-{
-    weft_status_t st = weft_recv(buf, floats, WEFT_FLOAT32, peer, r->ppc);
-    if (st != WEFT_OK) {
-        fprintf(stderr, "weft-train: rank %d: pipeline receive of %s: %s\n", r->rank, what,
-                weft_last_error(r->ppc));
-        return -1;
-    }
-    return 0;
-}
-
-static int psend(struct run *r, const void *buf, size_t floats, int peer, weft_request_t *req)
-{
-    if (weft_isend(buf, floats, WEFT_FLOAT32, peer, r->ppc, req) != WEFT_OK) {
-        fprintf(stderr, "weft-train: rank %d: pipeline send: %s\n", r->rank,
-                weft_last_error(r->ppc));
-        return -1;
-    }
-    return 0;
-}
-
-/* Forward of micro-batch in slot through this stage: receive the input,
- * run, send the output on.  *loss gets the last stage's loss. */
-static int stage_forward(struct run *r, int slot, const uint8_t *tok, const uint8_t *tgt,
-                         float *loss)
-{
-    size_t act = (size_t)r->o.B * r->o.T * r->o.cfg.channels;
-    if (wait_send(r, &r->act_req[slot]) != 0)
-        return -1;
-    if (!first_stage(r) && precv(r, model_input(r->model, slot), act, r->ppi - 1,
-                                 "activations") != 0)
-        return -1;
-    double t0 = now_s(), w0 = par_wait_seconds(r->par);
-    par_begin_forward(r->par);
-    float l = model_forward_slot(r->model, slot, NULL, par_hooks(r->par), tok, tgt, r->o.B,
-                                 r->o.T);
-    r->clk.compute += now_s() - t0 - (par_wait_seconds(r->par) - w0);
-    if (isnan(l))
-        return -1;
-    if (++r->clk.live > r->clk.peak)
-        r->clk.peak = r->clk.live;
-    *loss = l;
-    if (!last_stage(r))
-        return psend(r, model_output(r->model, slot), act, r->ppi + 1, &r->act_req[slot]);
-    return 0;
-}
-
-/* Backward of the micro-batch in slot: receive d(output) (and, on the
- * first stage of a pipeline, the head's wte gradient), run, send d(input)
- * back (and the head's wte gradient to the first stage). */
-static int stage_backward(struct run *r, int slot, bool last_micro)
-{
-    size_t act = (size_t)r->o.B * r->o.T * r->o.cfg.channels;
-    size_t dwte = (size_t)r->o.cfg.vocab / r->o.tp * r->o.cfg.channels;
-    if (wait_send(r, &r->grad_req) != 0 || wait_send(r, &r->dwte_req) != 0)
-        return -1;
-    if (!last_stage(r) && precv(r, model_dstream(r->model), act, r->ppi + 1, "gradients") != 0)
-        return -1;
-    if (r->o.pp > 1 && first_stage(r) &&
-        precv(r, model_head_dwte(r->model), dwte, r->o.pp - 1, "the head's wte gradient") != 0)
-        return -1;
-    double t0 = now_s(), w0 = par_wait_seconds(r->par);
-    par_begin_backward(r->par, last_micro);
-    int rc = model_backward_slot(r->model, slot, NULL, NULL, par_hooks(r->par));
-    if (par_end_backward(r->par) != WEFT_OK)
-        rc = -1;
-    r->clk.compute += now_s() - t0 - (par_wait_seconds(r->par) - w0);
-    r->clk.live--;
-    if (rc != 0)
-        return -1;
-    if (!first_stage(r) &&
-        psend(r, model_dstream(r->model), act, r->ppi - 1, &r->grad_req) != 0)
-        return -1;
-    if (r->o.pp > 1 && last_stage(r) &&
-        psend(r, model_head_dwte(r->model), dwte, 0, &r->dwte_req) != 0)
-        return -1;
-    return 0;
-}
-
-static int drain_sends(struct run *r)
-{
-    int rc = 0;
-    for (int s = 0; s < model_part(r->model)->slots; s++)
-        rc |= wait_send(r, &r->act_req[s]);
-    rc |= wait_send(r, &r->grad_req);
-    rc |= wait_send(r, &r->dwte_req);
-    return rc;
-}
-
-/* Micro-batch j of this step on this rank's cell. */
-static void draw(struct run *r, long step, int j)
-{
-    data_train_batch(&r->data, r->o.seed, (uint64_t)step, j * r->o.dp + r->dpi, r->global,
-                     r->o.B, r->o.T, r->tok, r->tgt);
-}
-
-/* Forwards a stage runs ahead of its first backward: none without a
- * pipeline, pp - stage - 1 for 1F1B, all for GPipe.  It holds warm + 1
- * micro-batches at most. */
-static int pipeline_warmup(const struct run *r)
-{
-    int m = r->o.accum, w = r->o.pp == 1 ? 0 : r->o.f1b1 ? r->o.pp - r->ppi - 1 : m;
-    return w < m ? w : m;
-}
-
-/*
- * One step's passes under the schedule.  GPipe: every forward, then every
- * backward (in micro-batch order, which the deterministic accumulator
- * needs).  1F1B: pp - stage - 1 forwards to fill the pipe, then one
- * forward and one backward in turn, then the remaining backwards; a slot
- * is free again once its backward is done, so a stage holds at most
- * pp - stage micro-batches.  *sum gets the last stage's losses.
- */
-static int run_schedule(struct run *r, long step, double *sum)
-{
-    int m = r->o.accum, slots = model_part(r->model)->slots;
-    int warm = pipeline_warmup(r);
-    int f = 0, b = 0;
-    float l = 0;
-    while (b < m) {
-        bool do_forward = f < m && f - b <= warm;
-        if (do_forward) {
-            draw(r, step, f);
-            if (stage_forward(r, f % slots, r->tok, r->tgt, &l) != 0)
-                return -1;
-            *sum += last_stage(r) && r->tpi == 0 ? l : 0;
-            f++;
-        } else {
-            if (stage_backward(r, b % slots, b == m - 1) != 0)
-                return -1;
-            b++;
-        }
-    }
-    return drain_sends(r);
-}
-
-/*
- * The step's passes, and the bubble: from the schedule's start until every
- * stage has finished its own (a barrier of the pipeline group), the time
- * this stage was neither computing nor waiting on data- or tensor-parallel
- * communication.  That is its share of the (p-1)/(m+p-1) the schedule
- * leaves idle, wherever it falls: waiting for the first activations, for
- * gradients, or for the last stage to drain.
- */
-static int run_pipeline(struct run *r, long step, double *sum, double *bubble)
-{
-    double t0 = now_s(), w0 = par_wait_seconds(r->par), c0 = r->clk.compute;
-    *bubble = 0;
-    if (run_schedule(r, step, sum) != 0)
-        return -1;
-    if (r->ppc == NULL)
-        return 0;
-    double token = 0;
-    if (weft_allreduce(&token, &token, 1, WEFT_FLOAT64, WEFT_SUM, r->ppc) != WEFT_OK) {
-        fprintf(stderr, "weft-train: rank %d: pipeline barrier: %s\n", r->rank,
-                weft_last_error(r->ppc));
-        return -1;
-    }
-    *bubble = now_s() - t0 - (r->clk.compute - c0) - (par_wait_seconds(r->par) - w0);
-    return 0;
 }
 
 /* ---- evaluation, checkpoints, sampling ------------------------------------- */
@@ -540,12 +365,11 @@ static int validate(struct run *r, double *loss)
     for (int k = 0; k < per; k++) {
         float l = 0;
         data_val_batch(&r->data, r->dpi * per + k, total, r->o.B, r->o.T, r->tok, r->tgt);
-        if (stage_forward(r, 0, r->tok, r->tgt, &l) != 0)
+        if (pipe_forward(r->pipe, r->tok, r->tgt, &l) != 0)
             return -1;
-        r->clk.live--;
         sum += last_stage(r) && r->tpi == 0 ? l : 0;
     }
-    if (drain_sends(r) != 0 || par_sum(r->par, &sum, 1) != WEFT_OK)
+    if (pipe_drain(r->pipe) != 0 || par_sum(r->par, &sum, 1) != WEFT_OK)
         return -1;
     *loss = sum / total;
     return 0;
@@ -705,12 +529,6 @@ static long peak_rss_bytes(void)
 
 /* ---- the report ---------------------------------------------------------- */
 
-/* Micro-batches a stage holds at most, by the schedule's formula. */
-static int held_formula(const struct run *r)
-{
-    return pipeline_warmup(r) + 1 < r->o.accum ? pipeline_warmup(r) + 1 : r->o.accum;
-}
-
 enum { R_PARAMS, R_GRADS, R_OPT, R_ACT, R_COMM, R_RSS, R_STATE_F, R_ACT_F, R_BUBBLE, R_BUSY,
        R_OFFLOADED, R_IO, R_IOWAIT, R_MOVED, R_NUM };
 
@@ -728,9 +546,9 @@ static void report(struct run *r, double busy, double bubble, double tok_s)
     double slot = (double)model_slot_bytes(r->model);
     double mine[R_NUM] = {
         [R_PARAMS] = (double)m.params,  [R_GRADS] = (double)m.grads,
-        [R_OPT] = (double)m.optimizer,  [R_ACT] = slot * r->clk.peak,
+        [R_OPT] = (double)m.optimizer,  [R_ACT] = slot * pipe_peak_held(r->pipe),
         [R_COMM] = (double)m.comm,      [R_RSS] = (double)peak_rss_bytes(),
-        [R_STATE_F] = state_f,          [R_ACT_F] = slot * held_formula(r),
+        [R_STATE_F] = state_f,          [R_ACT_F] = slot * pipe_held(&r->pc),
         [R_BUBBLE] = bubble,            [R_BUSY] = busy,
         [R_OFFLOADED] = (double)m.offloaded, [R_IO] = os.io_s, [R_IOWAIT] = os.wait_s,
         [R_MOVED] = (double)(os.bytes_read + os.bytes_written),
@@ -846,18 +664,20 @@ static int train(struct run *r)
         double t0 = now_s(), w0 = par_wait_seconds(r->par), sum = 0;
         char path[4096];
         float lr = lr_at(o, step), norm = 0;
-        r->clk.compute = 0;
+        double c0 = pipe_compute_seconds(r->pipe), pb;
+        struct draw_ctx dc = {r, step};
         par_zero_grads(r->par);
-        double pb;
-        if (run_pipeline(r, step, &sum, &pb) != 0)
+        if (pipe_step(r->pipe, draw, &dc, r->tok, r->tgt, &sum, &pb) != 0)
             return -1;
+        if (r->tpi != 0) /* the tensor-parallel group computed one loss */
+            sum = 0;
         struct adamw opt = {lr, 0.9f, 0.95f, 1e-8f, o->wd, o->clip};
         if (par_sum(r->par, &sum, 1) != WEFT_OK || par_step(r->par, &opt, r->global, &norm) != WEFT_OK)
             return -1;
         double loss = sum / r->global;
         double dt = now_s() - t0, wait = par_wait_seconds(r->par) - w0;
         if (step > start) { /* the first step pays page faults and connection set-up */
-            busy += r->clk.compute;
+            busy += pipe_compute_seconds(r->pipe) - c0;
             bubble += pb;
             timed += dt;
             ntimed++;
@@ -944,8 +764,9 @@ static int setup(struct run *r)
         fprintf(stderr, "weft-train: %s\n", err);
         return -1;
     }
-    struct model_part part = {o->tp, r->tpi, r->stage_lo[r->ppi], r->stage_lo[r->ppi + 1], 1};
-    part.slots = held_formula(r);
+    r->pc = (struct pipe_config){r->ppc, r->ppi, o->pp, o->f1b1, o->accum, o->B, o->T, r->rank};
+    struct model_part part = {o->tp, r->tpi, r->stage_lo[r->ppi], r->stage_lo[r->ppi + 1],
+                              pipe_held(&r->pc)};
     r->model = model_create_part(&o->cfg, &part, o->B, o->T);
     if (r->model == NULL)
         return -1;
@@ -960,13 +781,14 @@ static int setup(struct run *r)
     r->par = par_create(&pc, r->model);
     if (r->par == NULL)
         return -1;
-    if (o->pp > 1 && (first_stage(r) || last_stage(r)))
-        par_tie(r->par, r->ppc, first_stage(r) ? o->pp - 1 : 0,
-                first_stage(r) ? 0 : model_layout(r->model)->nunits - 1, first_stage(r));
+    bool first = r->ppi == 0;
+    if (o->pp > 1 && (first || last_stage(r)))
+        par_tie(r->par, r->ppc, first ? o->pp - 1 : 0,
+                first ? 0 : model_layout(r->model)->nunits - 1, first);
     r->tok = malloc((size_t)o->B * o->T);
     r->tgt = malloc((size_t)o->B * o->T);
-    r->act_req = calloc((size_t)part.slots, sizeof(*r->act_req));
-    if (r->tok == NULL || r->tgt == NULL || r->act_req == NULL)
+    r->pipe = pipe_create(&r->pc, r->model, r->par);
+    if (r->tok == NULL || r->tgt == NULL || r->pipe == NULL)
         return -1;
     return 0;
 }
@@ -1015,7 +837,7 @@ out:
         fclose(r.log);
     free(r.tok);
     free(r.tgt);
-    free(r.act_req);
+    pipe_destroy(r.pipe);
     par_destroy(r.par);
     model_destroy(r.model);
     data_free(&r.data);
