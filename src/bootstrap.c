@@ -608,8 +608,8 @@ static int root_try(const union weft_sockaddr *root, int window_ms, int *fd)
  * a flood of strangers has room again within milliseconds: a connect with
  * no answer is started afresh after 20 ms, then 40, ... up to 1.3 s (for
  * long round trips). */
-static weft_status_t root_connect(struct weft_comm *comm, const union weft_sockaddr *root,
-                                  uint64_t deadline, int *fd)
+static weft_status_t root_connect(struct weft_comm *comm, int rank,
+                                  const union weft_sockaddr *root, uint64_t deadline, int *fd)
 {
     char name[96];
     int nap_ms = 1, unanswered = 0;
@@ -623,13 +623,13 @@ static weft_status_t root_connect(struct weft_comm *comm, const union weft_socka
             return WEFT_OK;
         }
         if (rc > 2)
-            return weft_error(weft_comm_err(comm), weft_errno_status(rc), "connect to root %s: %s",
-                              weft_sock_str(root, name, sizeof(name)), strerror(rc));
+            return weft_error(weft_comm_err(comm), weft_errno_status(rc),
+                              "bootstrap: rank %d: connect to root %s: %s", rank, weft_sock_str(root, name, sizeof(name)), strerror(rc));
         left = weft_ms_left(deadline);
         if (left == 0)
             return weft_error(weft_comm_err(comm), WEFT_ERR_TIMEOUT,
-                              "connect to root %s: deadline passed (%s)",
-                              weft_sock_str(root, name, sizeof(name)),
+                              "bootstrap: rank %d: connect to root %s: deadline passed (%s)",
+                              rank, weft_sock_str(root, name, sizeof(name)),
                               rc == 1 ? "refused or unreachable" : "no answer");
         unanswered += rc == 2;
         if (rc == 1) {
@@ -686,7 +686,7 @@ weft_status_t weft_bootstrap_init(struct weft_comm *comm, const struct weft_uid 
                                         .rank = (uint32_t)rank, .nranks = (uint32_t)nranks};
         const char *why = NULL;
         for (int tries = 0;; tries++) {
-            WEFT_CHECK_GOTO(root_connect(comm, &uid->root, deadline, &bs->root_fd), st, fail);
+            WEFT_CHECK_GOTO(root_connect(comm, rank, &uid->root, deadline, &bs->root_fd), st, fail);
             st = weft_auth_connect(bs->root_fd, uid->secret, &hello, deadline, &why);
             /* Our record goes with the handshake: a root busy with a flood
              * of strangers may drop us before it has seen our proof. */
@@ -707,15 +707,16 @@ weft_status_t weft_bootstrap_init(struct weft_comm *comm, const struct weft_uid 
             nanosleep(&pause, NULL);
         }
         if (st != WEFT_OK) {
-            st = weft_error(weft_comm_err(comm), st, "bootstrap: handshake with root %s failed: %s",
+            st = weft_error(weft_comm_err(comm), st,
+                            "bootstrap: rank %d: handshake with root %s failed: %s", rank,
                             weft_sock_str(&uid->root, addr, sizeof(addr)), why ? why : "?");
             goto fail;
         }
         st = msg_recv(bs, bs->root_fd, 0, all, (size_t)nranks * info_len, deadline);
         if (st != WEFT_OK) {
             char why2[WEFT_ERRMSG_LEN];
-            st = weft_error(weft_comm_err(comm), st, "bootstrap: waiting for the rank table from root %s: %s",
-                            weft_sock_str(&uid->root, addr, sizeof(addr)),
+            st = weft_error(weft_comm_err(comm), st,
+                            "bootstrap: rank %d: waiting for the rank table from root %s: %s", rank, weft_sock_str(&uid->root, addr, sizeof(addr)),
                             weft_comm_last_error_copy(comm, why2, sizeof(why2)));
             goto fail;
         }
