@@ -251,6 +251,8 @@ struct vb_ctx {
 void vb_conn_fail(struct vb_conn *c, weft_status_t st, const char *fmt, ...) WEFT_HIDDEN
     WEFT_PRINTF(3, 4);
 void vb_work_add(struct vb_conn *c) WEFT_HIDDEN;
+/* Handles every completion waiting; returns how many. */
+int vb_poll_cq(struct vb_ctx *ctx) WEFT_HIDDEN;
 /* Posts n receives (no buffer: writes with immediate carry their own). */
 weft_status_t vb_post_recv(struct vb_qp *q, int n) WEFT_HIDDEN;
 
