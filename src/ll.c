@@ -129,8 +129,15 @@ static weft_status_t take_slow(struct weft_comm *comm, const struct weft_op_args
                                 "(WEFT_TIMEOUT_MS); waiting on: receive from rank %d",
                                 comm->rank, weft_coll_name(a->coll), a->count,
                                 (unsigned long long)(comm->timeout_ns / 1000000), peer);
-            if (st != WEFT_OK)
+            if (st != WEFT_OK) {
+                /* A peer that put its message and then left (its call done,
+                 * its communicator destroyed) may have done both since our
+                 * look: the message is still this call's. */
+                d = ll->ops->ll_get(conn, &len);
+                if (d != NULL || len != 0)
+                    return arrived(comm, a, peer, d, len, want, out);
                 return weft_engine_fail(comm, st); /* comm's now, told to the peers */
+            }
         }
         if (waited < spin_ns) {
             if (yield || waited > YIELD_AFTER_NS)
