@@ -669,7 +669,7 @@ static void vb_abort(void *vctx, weft_status_t status, const char *why)
     struct vb_ctx *ctx = vctx;
     for (int p = 0; p < ctx->nranks; p++)
         if (ctx->conns[p])
-            vb_conn_fail(ctx->conns[p], status, "rank %d: %s", ctx->rank, why);
+            weft_conn_abort(&ctx->conns[p]->base, conn_close, status, why);
 }
 
 /* ---- sleeping in another transport's wait ------------------------------------------- */
