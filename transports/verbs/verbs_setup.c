@@ -293,12 +293,15 @@ static void oob_received(struct vb_conn *c, weft_status_t st, size_t n)
 {
     struct vb_ctx *ctx = c->ctx;
     char why[256];
-    if (st != WEFT_OK) {
-        /* The peer closed after its last write was acknowledged, so that
-         * write's completion is in our queue: take it before judging. */
+    if (c->phase == VB_PH_WATCH) {
+        /* The peer says bye or closes only after its last write was
+         * acknowledged, so that write's completion is in our queue: take
+         * it before judging what is pending. */
         vb_poll_cq(ctx);
         if (c->base.err != WEFT_OK)
             return;
+    }
+    if (st != WEFT_OK) {
         if (c->phase == VB_PH_WATCH && !conn_pending(c)) {
             c->peer_gone = true; /* the peer finished and left: fine until used */
             return;
