@@ -624,7 +624,8 @@ static weft_status_t root_connect(struct weft_comm *comm, int rank,
         }
         if (rc > 2)
             return weft_error(weft_comm_err(comm), weft_errno_status(rc),
-                              "bootstrap: rank %d: connect to root %s: %s", rank, weft_sock_str(root, name, sizeof(name)), strerror(rc));
+                              "bootstrap: rank %d: connect to root %s: %s", rank,
+                              weft_sock_str(root, name, sizeof(name)), strerror(rc));
         left = weft_ms_left(deadline);
         if (left == 0)
             return weft_error(weft_comm_err(comm), WEFT_ERR_TIMEOUT,
@@ -716,7 +717,8 @@ weft_status_t weft_bootstrap_init(struct weft_comm *comm, const struct weft_uid 
         if (st != WEFT_OK) {
             char why2[WEFT_ERRMSG_LEN];
             st = weft_error(weft_comm_err(comm), st,
-                            "bootstrap: rank %d: waiting for the rank table from root %s: %s", rank, weft_sock_str(&uid->root, addr, sizeof(addr)),
+                            "bootstrap: rank %d: waiting for the rank table from root %s: %s", rank,
+                            weft_sock_str(&uid->root, addr, sizeof(addr)),
                             weft_comm_last_error_copy(comm, why2, sizeof(why2)));
             goto fail;
         }
