@@ -195,6 +195,21 @@ static void on_eager(struct vb_conn *c, struct vb_qp *q, uint32_t seq, uint32_t 
     vb_work_add(c);
 }
 
+/* Whether the oldest small message kept for describe_one is receive
+ * seq's (its message came eagerly). */
+static bool pend_is(const struct vb_conn *c, uint32_t seq)
+{
+    return c->npend > 0 && c->pend[c->pend_head].seq == (seq & 0xffffffu);
+}
+
+static struct vb_eager pend_pop(struct vb_conn *c)
+{
+    struct vb_eager e = c->pend[c->pend_head];
+    c->pend_head = (c->pend_head + 1) % VB_FIFO;
+    c->npend--;
+    return e;
+}
+
 /* Describes the oldest undescribed receive to the peer; false when it
  * must wait (slot busy, queue full). */
 static bool describe_one(struct vb_conn *c)
@@ -209,11 +224,9 @@ static bool describe_one(struct vb_conn *c)
     uint32_t rkey = 0;
     /* Its message came eagerly: it completes now, and the descriptor, an
      * empty one, only tells the sender so (and returns the slot). */
-    bool came = c->npend > 0 && c->pend[c->pend_head].seq == (r->seq & 0xffffffu);
+    bool came = pend_is(c, r->seq);
     if (came) {
-        struct vb_eager e = c->pend[c->pend_head];
-        c->pend_head = (c->pend_head + 1) % VB_FIFO;
-        c->npend--;
+        struct vb_eager e = pend_pop(c);
         if (!eager_take(c, r, &e))
             return false;
     } else if (r->base.len > 0) {
@@ -578,10 +591,8 @@ static weft_status_t post(const char *what, struct vb_conn *c, void *buf, size_t
     r->base.bytes = 0; /* a send's is set when it is written; a receive counts what lands */
     if (c->peer_gone) {
         /* A small message it sent before it left is still this receive's. */
-        if (!is_send && c->npend > 0 && c->pend[c->pend_head].seq == (c->nrecv & 0xffffffu)) {
-            struct vb_eager e = c->pend[c->pend_head];
-            c->pend_head = (c->pend_head + 1) % VB_FIFO;
-            c->npend--;
+        if (!is_send && pend_is(c, c->nrecv)) {
+            struct vb_eager e = pend_pop(c);
             r->seq = c->nrecv++;
             if (eager_take(c, r, &e))
                 return WEFT_OK;
